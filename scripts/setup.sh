@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Set up everything gpudefrag needs on a fresh Debian 12/13 machine (as root). Idempotent.
+#   scripts/setup.sh python   the venv (.venv) with gpudefrag and its Python dependencies (enough for the demo)
+#   scripts/setup.sh all      also the Debian packages the tests drive for real: Slurm + munge, CRIU >= 4.1,
+#                             Chromium (dashboard browser test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want=${1:-python}
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+apt_updated=0
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  if [ $apt_updated = 0 ]; then apt-get update -qq >/dev/null; apt_updated=1; fi
+  log "apt-get install $*"
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if [ "$want" = all ]; then
+  need=()
+  for b in slurmctld slurmd sbatch munged; do
+    command -v "$b" >/dev/null 2>&1 || { need+=(slurm-wlm slurmctld slurmd slurm-client munge); break; }
+  done
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v ip >/dev/null 2>&1 || need+=(iproute2)
+  command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+  [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
+  scripts/install-criu.sh
+fi
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  log "Python >= 3.11 is required ($PY is $("$PY" --version 2>&1))"; exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv 2>/dev/null || { apt_install python3-venv; "$PY" -m venv .venv; }
+fi
+stamp=.venv/.gpudefrag-deps
+digest=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ] || ! .venv/bin/python -c 'import gpudefrag' 2>/dev/null; then
+  log "installing Python packages into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -U pip
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  echo "$digest" > "$stamp"
+fi

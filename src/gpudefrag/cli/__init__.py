@@ -1,0 +1,1 @@
+"""The `gpudefrag` command line. Each area registers its commands from its own module (see main.py)."""

@@ -1,0 +1,41 @@
+"""Entry point: builds the Typer app from the command modules and maps gpudefrag errors to exit codes."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.markup import escape
+
+from ..errors import GpudefragError
+from .common import err_console
+
+app = typer.Typer(
+    name="gpudefrag",
+    help="Give GPU clusters their whole nodes back: diagnose fragmentation, plan the cheapest moves, "
+    "move running jobs with their state.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Each module defines `register(app)`. One line per area; keep the list in this order.
+COMMAND_MODULES = (
+    "gpudefrag.cli.core_cmds",
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def run() -> None:
+    try:
+        app()
+    except GpudefragError as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}")
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    run()

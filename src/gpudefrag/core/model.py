@@ -1,0 +1,448 @@
+"""The cluster model: nodes, workloads, requests and an immutable ClusterState.
+
+Pure data. Units: GPU share in milli-GPU (1000 = one whole GPU, so GPU-sharing workloads are expressible),
+CPU in milli-cores, memory in MiB, times in seconds since the epoch of the snapshot's clock, sizes in bytes.
+The engines (Slurm, Kubernetes, the simulator) and the snapshot loader produce these; everything else reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+from types import MappingProxyType
+
+import numpy as np
+
+MILLI = 1000  # milli-GPU in one whole GPU
+
+
+class WorkloadState(StrEnum):
+    RUNNING = "running"
+    PENDING = "pending"
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: TaintEffect = TaintEffect.NO_SCHEDULE
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """Kubernetes semantics: empty key with operator Exists tolerates everything."""
+
+    key: str = ""
+    operator: str = "Equal"  # "Equal" | "Exists"
+    value: str = ""
+    effect: str = ""  # "" tolerates every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    """The software and hardware a checkpoint was taken with, or a node offers.
+
+    Node fields describe what the node provides; a workload's fields describe what it runs with.
+    """
+
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    engine: str | None = None  # e.g. "vllm 0.6.3" / "pytorch 2.4.0"
+    model: str | None = None  # e.g. "llama-3-8b@rev3"
+    cpu_arch: str | None = None
+    kernel: str | None = None
+    checkpointer: str | None = None  # e.g. "criu 4.1.1"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpu_count: int
+    gpu_model: str | None = None
+    gpu_allocatable: int | None = None  # None = gpu_count; 0 = device plugin never registered
+    cpu_milli: int = 0  # 0 = not tracked
+    memory_mib: int = 0  # 0 = not tracked
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    cpu_arch: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    schedulable: bool = True  # False: cordoned / drained
+    mig_devices: Mapping[str, int] = field(default_factory=dict)  # MIG profile -> count exposed
+    node_group: str | None = None  # autoscaling group / pool
+    partitions: tuple[str, ...] = ()  # Slurm partitions (empty: any)
+
+    @property
+    def usable_gpus(self) -> int:
+        """GPUs a whole-GPU request can be given: those the device plugin advertises."""
+        alloc = self.gpu_count if self.gpu_allocatable is None else self.gpu_allocatable
+        return max(0, min(alloc, self.gpu_count))
+
+    @property
+    def has_mig(self) -> bool:
+        return any(v > 0 for v in self.mig_devices.values())
+
+    def versions(self) -> Versions:
+        return Versions(
+            gpu_model=self.gpu_model,
+            gpu_count=self.gpu_count,
+            driver=self.driver_version,
+            cuda=self.cuda_version,
+            cpu_arch=self.cpu_arch,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One part of a workload: the node it runs on and the GPU indices it holds there."""
+
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """The shape of what a job asks for: `gpus_per_node` GPUs of `gpu_milli` each on `node_count` nodes."""
+
+    gpus_per_node: int
+    node_count: int = 1
+    gpu_milli: int = MILLI
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_models: tuple[str, ...] = ()  # allowed models; empty = any
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    partition: str | None = None
+    mig_profile: str | None = None  # a request for MIG slices instead of whole GPUs
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return self.gpus_per_node * self.node_count * self.gpu_milli
+
+    @property
+    def gpus_total(self) -> int:
+        return self.gpus_per_node * self.node_count
+
+    def label(self) -> str:
+        share = "" if self.gpu_milli >= MILLI else f"×{self.gpu_milli / MILLI:.2f}"
+        nodes = f"×{self.node_count} nodes" if self.node_count > 1 else ""
+        model = f" {'|'.join(self.gpu_models)}" if self.gpu_models else ""
+        return f"{self.gpus_per_node} GPU{share}{nodes}{model}"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    id: str
+    request: Request
+    state: WorkloadState = WorkloadState.RUNNING
+    name: str = ""
+    namespace: str = "default"  # Kubernetes namespace or Slurm account
+    user: str = ""
+    priority: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    placements: tuple[Placement, ...] = ()
+    checkpoint_bytes: int = 0
+    last_checkpoint_at: float | None = None
+    submitted_at: float | None = None
+    started_at: float | None = None
+    expected_end_at: float | None = None
+    versions: Versions = field(default_factory=Versions)
+    scheduler_reason: str = ""  # what the scheduler itself says (Slurm reason, PodScheduled message)
+
+    @property
+    def is_running(self) -> bool:
+        return self.state is WorkloadState.RUNNING
+
+    @property
+    def is_multi_node(self) -> bool:
+        return self.request.node_count > 1 or len({p.node for p in self.placements}) > 1
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return self.request.gpu_milli_total
+
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.node for p in self.placements))
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A GPU quota on a namespace (Kubernetes ResourceQuota) or account (Slurm GrpTRES)."""
+
+    namespace: str
+    gpu_limit: int  # whole GPUs
+    gpu_used: int | None = None  # None: derive from running workloads
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGroup:
+    """An autoscaling group: how many nodes it has now and may grow to."""
+
+    name: str
+    current: int
+    maximum: int
+    gpu_model: str | None = None
+    gpus_per_node: int = 0
+
+
+class ModelError(ValueError):
+    """A ClusterState that contradicts itself. `path` points at the offending field (e.g. workloads[3].placements[0])."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterState:
+    """An immutable picture of a cluster at one instant.
+
+    The derived arrays (`free_milli`, ...) are computed once, on first use, with NumPy; index i of every array is
+    `nodes[i]`. GPUs beyond a node's count (or beyond what its device plugin advertises) are -1 in `free_milli`.
+    """
+
+    nodes: tuple[Node, ...]
+    workloads: tuple[Workload, ...] = ()
+    quotas: tuple[Quota, ...] = ()
+    node_groups: tuple[NodeGroup, ...] = ()
+    now: float = 0.0
+    name: str = "cluster"
+
+    @staticmethod
+    def build(
+        nodes: Iterable[Node],
+        workloads: Iterable[Workload] = (),
+        *,
+        quotas: Iterable[Quota] = (),
+        node_groups: Iterable[NodeGroup] = (),
+        now: float = 0.0,
+        name: str = "cluster",
+    ) -> ClusterState:
+        """Validate and build. Raises ModelError naming the offending entry."""
+        state = ClusterState(
+            nodes=tuple(nodes),
+            workloads=tuple(workloads),
+            quotas=tuple(quotas),
+            node_groups=tuple(node_groups),
+            now=now,
+            name=name,
+        )
+        state.validate()
+        return state
+
+    # ---------------------------------------------------------------- indexes
+    @cached_property
+    def node_index(self) -> Mapping[str, int]:
+        return MappingProxyType({n.name: i for i, n in enumerate(self.nodes)})
+
+    @cached_property
+    def workload_index(self) -> Mapping[str, int]:
+        return MappingProxyType({w.id: i for i, w in enumerate(self.workloads)})
+
+    def node(self, name: str) -> Node:
+        return self.nodes[self.node_index[name]]
+
+    def workload(self, wid: str) -> Workload:
+        return self.workloads[self.workload_index[wid]]
+
+    @cached_property
+    def running(self) -> tuple[Workload, ...]:
+        return tuple(w for w in self.workloads if w.is_running)
+
+    @cached_property
+    def pending(self) -> tuple[Workload, ...]:
+        """Pending workloads, oldest first (submission time, then id)."""
+        p = [w for w in self.workloads if w.state is WorkloadState.PENDING]
+        p.sort(key=lambda w: (w.submitted_at if w.submitted_at is not None else float("inf"), w.id))
+        return tuple(p)
+
+    @cached_property
+    def workloads_on(self) -> Mapping[str, tuple[Workload, ...]]:
+        by: dict[str, list[Workload]] = {n.name: [] for n in self.nodes}
+        for w in self.running:
+            for node in w.nodes():
+                by[node].append(w)
+        return MappingProxyType({k: tuple(v) for k, v in by.items()})
+
+    # ---------------------------------------------------------------- arrays
+    @cached_property
+    def max_gpus(self) -> int:
+        return max((n.gpu_count for n in self.nodes), default=0)
+
+    @cached_property
+    def _arrays(self) -> dict[str, np.ndarray]:
+        n, g = len(self.nodes), max(self.max_gpus, 1)
+        counts = np.fromiter((nd.gpu_count for nd in self.nodes), dtype=np.int32, count=n)
+        usable = np.fromiter((nd.usable_gpus for nd in self.nodes), dtype=np.int32, count=n)
+        cols = np.arange(g, dtype=np.int32)[None, :]
+        used = np.zeros((n, g), dtype=np.int32)
+        cpu_used = np.zeros(n, dtype=np.int64)
+        mem_used = np.zeros(n, dtype=np.int64)
+        idx = self.node_index
+        rows: list[int] = []
+        gcols: list[int] = []
+        shares: list[int] = []
+        for w in self.running:
+            share = w.request.gpu_milli
+            for p in w.placements:
+                i = idx[p.node]
+                cpu_used[i] += w.request.cpu_milli
+                mem_used[i] += w.request.memory_mib
+                rows.extend([i] * len(p.gpus))
+                gcols.extend(p.gpus)
+                shares.extend([share] * len(p.gpus))
+        if rows:
+            np.add.at(used, (np.asarray(rows), np.asarray(gcols)), np.asarray(shares, dtype=np.int32))
+        free = np.where(cols < usable[:, None], MILLI - used, -1).astype(np.int32)
+        cpu = np.fromiter((nd.cpu_milli for nd in self.nodes), dtype=np.int64, count=n)
+        mem = np.fromiter((nd.memory_mib for nd in self.nodes), dtype=np.int64, count=n)
+        return {
+            "gpu_count": counts,
+            "usable": usable,
+            "used": used,
+            "free": free,
+            "cpu_free": np.where(cpu > 0, cpu - cpu_used, np.iinfo(np.int64).max // 4),
+            "mem_free": np.where(mem > 0, mem - mem_used, np.iinfo(np.int64).max // 4),
+        }
+
+    @property
+    def free_milli(self) -> np.ndarray:
+        """(nodes × max_gpus) free share per GPU in milli-GPU; -1 where the GPU does not exist or is unusable."""
+        return self._arrays["free"]
+
+    @property
+    def used_milli(self) -> np.ndarray:
+        return self._arrays["used"]
+
+    @property
+    def gpu_counts(self) -> np.ndarray:
+        return self._arrays["gpu_count"]
+
+    @property
+    def usable_counts(self) -> np.ndarray:
+        return self._arrays["usable"]
+
+    @property
+    def cpu_free(self) -> np.ndarray:
+        """Free CPU milli-cores per node (a huge number where the node does not track CPU)."""
+        return self._arrays["cpu_free"]
+
+    @property
+    def mem_free(self) -> np.ndarray:
+        return self._arrays["mem_free"]
+
+    @cached_property
+    def schedulable_mask(self) -> np.ndarray:
+        return np.fromiter((nd.schedulable for nd in self.nodes), dtype=bool, count=len(self.nodes))
+
+    def free_gpus_on(self, node: str) -> list[int]:
+        """Indices of the wholly free GPUs on a node."""
+        row = self.free_milli[self.node_index[node]]
+        return [int(i) for i in np.flatnonzero(row == MILLI)]
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> None:
+        seen: set[str] = set()
+        for i, nd in enumerate(self.nodes):
+            path = f"nodes[{i}]"
+            if not nd.name:
+                raise ModelError(f"{path}.name", "must not be empty")
+            if nd.name in seen:
+                raise ModelError(f"{path}.name", f"duplicate node name {nd.name!r}")
+            seen.add(nd.name)
+            if nd.gpu_count < 0:
+                raise ModelError(f"{path}.gpu_count", f"must be >= 0, got {nd.gpu_count}")
+            if nd.gpu_allocatable is not None and nd.gpu_allocatable < 0:
+                raise ModelError(f"{path}.gpu_allocatable", f"must be >= 0, got {nd.gpu_allocatable}")
+            if nd.cpu_milli < 0 or nd.memory_mib < 0:
+                raise ModelError(path, "cpu_milli and memory_mib must be >= 0")
+        ids: set[str] = set()
+        used: dict[tuple[int, int], int] = {}
+        for i, w in enumerate(self.workloads):
+            path = f"workloads[{i}]"
+            if not w.id:
+                raise ModelError(f"{path}.id", "must not be empty")
+            if w.id in ids:
+                raise ModelError(f"{path}.id", f"duplicate workload id {w.id!r}")
+            ids.add(w.id)
+            r = w.request
+            if r.gpus_per_node < 0:
+                raise ModelError(f"{path}.gpus_per_node", f"must be >= 0, got {r.gpus_per_node}")
+            if r.node_count < 1:
+                raise ModelError(f"{path}.node_count", f"must be >= 1, got {r.node_count}")
+            if not 0 < r.gpu_milli <= MILLI and r.gpus_per_node > 0:
+                raise ModelError(f"{path}.gpu_milli", f"must be in 1..{MILLI}, got {r.gpu_milli}")
+            if r.gpu_milli < MILLI and r.gpus_per_node > 1:
+                raise ModelError(f"{path}.gpu_milli", "a GPU share below 1000 is only valid with 1 GPU per node")
+            if w.state is WorkloadState.PENDING:
+                if w.placements:
+                    raise ModelError(f"{path}.placements", "a pending workload has no placements")
+                continue
+            if len(w.placements) != r.node_count:
+                raise ModelError(
+                    f"{path}.placements", f"runs on {len(w.placements)} node(s) but asks for {r.node_count}"
+                )
+            for j, p in enumerate(w.placements):
+                ppath = f"{path}.placements[{j}]"
+                if p.node not in self.node_index:
+                    raise ModelError(f"{ppath}.node", f"unknown node {p.node!r}")
+                ni = self.node_index[p.node]
+                nd = self.nodes[ni]
+                if len(p.gpus) != r.gpus_per_node:
+                    raise ModelError(
+                        f"{ppath}.gpus", f"holds {len(p.gpus)} GPU(s) but asks for {r.gpus_per_node} per node"
+                    )
+                if r.gpus_per_node > nd.gpu_count:
+                    raise ModelError(
+                        f"{ppath}.gpus",
+                        f"asks for {r.gpus_per_node} GPUs on node {p.node!r}, which has {nd.gpu_count}",
+                    )
+                if len(set(p.gpus)) != len(p.gpus):
+                    raise ModelError(f"{ppath}.gpus", "lists a GPU twice")
+                for g in p.gpus:
+                    if not 0 <= g < nd.gpu_count:
+                        raise ModelError(
+                            f"{ppath}.gpus", f"GPU index {g} out of range for {p.node!r} ({nd.gpu_count} GPUs)"
+                        )
+                    total = used.get((ni, g), 0) + r.gpu_milli
+                    if total > MILLI:
+                        raise ModelError(
+                            f"{ppath}.gpus", f"GPU {g} of {p.node!r} over-allocated ({total} of {MILLI} milli)"
+                        )
+                    used[(ni, g)] = total
+
+    # ---------------------------------------------------------------- derived states
+    def with_workloads(self, workloads: Iterable[Workload], *, now: float | None = None) -> ClusterState:
+        """A new state with the same nodes and a different set of workloads (validated)."""
+        return ClusterState.build(
+            self.nodes,
+            workloads,
+            quotas=self.quotas,
+            node_groups=self.node_groups,
+            now=self.now if now is None else now,
+            name=self.name,
+        )
+
+    def gpu_totals(self) -> tuple[int, int]:
+        """(capacity, free) in milli-GPU over usable GPUs."""
+        free = self.free_milli
+        valid = free >= 0
+        return int(valid.sum()) * MILLI, int(free[valid].sum())

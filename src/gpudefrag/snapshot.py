@@ -1,0 +1,423 @@
+"""The snapshot format: a JSON (or YAML) file that describes a cluster and its jobs.
+
+This is what users attach to bug reports, what `gpudefrag frag|diagnose|plan` read, and what the engines and the
+simulator write. The pydantic models below are the format's single definition: the JSON Schema shipped in
+`gpudefrag/schema/snapshot.schema.json` is generated from them (`python -m gpudefrag.snapshot --schema`).
+Loading is strict (no type coercion, no unknown fields) so that a typo is an error, not a silent default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .core.model import (
+    MILLI,
+    ClusterState,
+    ModelError,
+    Node,
+    NodeGroup,
+    Placement,
+    Quota,
+    Request,
+    Taint,
+    TaintEffect,
+    Toleration,
+    Versions,
+    Workload,
+    WorkloadState,
+)
+from .errors import InputError, loc_to_path
+
+FORMAT_VERSION = 1
+
+NonNeg = Annotated[int, Field(ge=0)]
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class TaintIn(_Strict):
+    key: Name
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class TolerationIn(_Strict):
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+
+class VersionsIn(_Strict):
+    gpu_model: str | None = None
+    gpu_count: NonNeg | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    engine: str | None = None
+    model: str | None = None
+    cpu_arch: str | None = None
+    kernel: str | None = None
+    checkpointer: str | None = None
+
+
+class NodeIn(_Strict):
+    name: Name
+    gpus: Annotated[int, Field(ge=0, le=1024)] = Field(description="GPUs on the node (capacity)")
+    gpu_model: str | None = None
+    gpu_allocatable: NonNeg | None = Field(
+        None, description="GPUs the device plugin advertises; null = all; 0 = plugin not registered"
+    )
+    cpu_milli: NonNeg = 0
+    memory_mib: NonNeg = 0
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    cpu_arch: str | None = None
+    labels: dict[str, str] = {}
+    taints: list[TaintIn] = []
+    schedulable: bool = True
+    mig_devices: dict[str, NonNeg] = {}
+    node_group: str | None = None
+    partitions: list[str] = []
+
+
+class PlacementIn(_Strict):
+    node: Name
+    gpus: list[NonNeg] | None = Field(None, description="GPU indices on the node; null = assign the first free")
+
+
+class WorkloadIn(_Strict):
+    id: Name
+    name: str = ""
+    state: Literal["running", "pending"] = "running"
+    gpus_per_node: Annotated[int, Field(ge=0, le=1024)]
+    node_count: Annotated[int, Field(ge=1, le=100000)] = 1
+    gpu_milli: Annotated[int, Field(ge=0, le=MILLI)] = MILLI
+    cpu_milli: NonNeg = 0
+    memory_mib: NonNeg = 0
+    gpu_models: list[str] = []
+    node_selector: dict[str, str] = {}
+    tolerations: list[TolerationIn] = []
+    partition: str | None = None
+    mig_profile: str | None = None
+    namespace: str = "default"
+    user: str = ""
+    priority: int = 0
+    labels: dict[str, str] = {}
+    placements: list[PlacementIn] = []
+    checkpoint_bytes: NonNeg = 0
+    last_checkpoint_at: float | None = None
+    submitted_at: float | None = None
+    started_at: float | None = None
+    expected_end_at: float | None = None
+    versions: VersionsIn = VersionsIn()
+    scheduler_reason: str = ""
+
+
+class QuotaIn(_Strict):
+    namespace: Name
+    gpu_limit: NonNeg
+    gpu_used: NonNeg | None = None
+
+
+class NodeGroupIn(_Strict):
+    name: Name
+    current: NonNeg
+    maximum: NonNeg
+    gpu_model: str | None = None
+    gpus_per_node: NonNeg = 0
+
+
+class Snapshot(_Strict):
+    """A cluster at one instant."""
+
+    version: Literal[1] = FORMAT_VERSION
+    name: str = "cluster"
+    now: float = 0.0
+    nodes: list[NodeIn]
+    workloads: list[WorkloadIn] = []
+    quotas: list[QuotaIn] = []
+    node_groups: list[NodeGroupIn] = []
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def read_document(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON or YAML file, turning every decoding problem into an InputError with a position."""
+    p = Path(path)
+    src = str(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(src, "", f"cannot read: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise InputError(src, f"byte {e.start} (line {line})", "not valid UTF-8") from None
+    if p.suffix.lower() in (".yaml", ".yml"):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
+            raise InputError(src, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise InputError(src, f"line {e.lineno}, column {e.colno}", f"invalid JSON: {e.msg}") from None
+    except ValueError as e:
+        raise InputError(src, "(document)", str(e)) from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"invalid JSON: {name} is not a number")
+
+
+def parse_snapshot(doc: Any, source: str = "<snapshot>") -> Snapshot:
+    try:
+        return Snapshot.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        more = f" (and {e.error_count() - 1} more error(s))" if e.error_count() > 1 else ""
+        msg = err["msg"]
+        if err["type"] in ("missing", "extra_forbidden"):
+            msg = "required field is missing" if err["type"] == "missing" else "unknown field"
+        raise InputError(source, loc_to_path(err["loc"]), msg + more) from None
+
+
+def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
+    """Convert a validated snapshot to a ClusterState, assigning GPU indices where the file leaves them out."""
+    for field in ("now",):
+        if not math.isfinite(getattr(snap, field)):
+            raise InputError(source, field, "must be a finite number")
+    nodes = [
+        Node(
+            name=n.name,
+            gpu_count=n.gpus,
+            gpu_model=n.gpu_model,
+            gpu_allocatable=n.gpu_allocatable,
+            cpu_milli=n.cpu_milli,
+            memory_mib=n.memory_mib,
+            driver_version=n.driver_version,
+            cuda_version=n.cuda_version,
+            cpu_arch=n.cpu_arch,
+            labels=dict(n.labels),
+            taints=tuple(Taint(t.key, t.value, TaintEffect(t.effect)) for t in n.taints),
+            schedulable=n.schedulable,
+            mig_devices=dict(n.mig_devices),
+            node_group=n.node_group,
+            partitions=tuple(n.partitions),
+        )
+        for n in snap.nodes
+    ]
+    by_name = {n.name: n for n in nodes}
+    # GPU indices: explicit ones first, then fill the unassigned placements (first free / best-fit share)
+    used: dict[tuple[str, int], int] = {}
+    for w in snap.workloads:
+        if w.state != "running":
+            continue
+        for p in w.placements:
+            for g in p.gpus or ():
+                used[(p.node, g)] = used.get((p.node, g), 0) + w.gpu_milli
+    workloads: list[Workload] = []
+    for i, w in enumerate(snap.workloads):
+        placements: list[Placement] = []
+        for j, p in enumerate(w.placements):
+            if p.gpus is not None:
+                placements.append(Placement(p.node, tuple(p.gpus)))
+                continue
+            node = by_name.get(p.node)
+            if node is None:
+                raise InputError(source, f"workloads[{i}].placements[{j}].node", f"unknown node {p.node!r}")
+            gpus = _assign(node, w.gpus_per_node, w.gpu_milli, used)
+            if gpus is None:
+                raise InputError(
+                    source, f"workloads[{i}].placements[{j}]",
+                    f"node {p.node!r} has no room for {w.gpus_per_node} GPU(s) of {w.gpu_milli} milli",
+                )
+            placements.append(Placement(p.node, gpus))
+        v = w.versions
+        workloads.append(
+            Workload(
+                id=w.id,
+                request=Request(
+                    gpus_per_node=w.gpus_per_node,
+                    node_count=w.node_count,
+                    gpu_milli=w.gpu_milli if w.gpus_per_node else MILLI,
+                    cpu_milli=w.cpu_milli,
+                    memory_mib=w.memory_mib,
+                    gpu_models=tuple(w.gpu_models),
+                    node_selector=dict(w.node_selector),
+                    tolerations=tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in w.tolerations),
+                    partition=w.partition,
+                    mig_profile=w.mig_profile,
+                ),
+                state=WorkloadState(w.state),
+                name=w.name,
+                namespace=w.namespace,
+                user=w.user,
+                priority=w.priority,
+                labels=dict(w.labels),
+                placements=tuple(placements),
+                checkpoint_bytes=w.checkpoint_bytes,
+                last_checkpoint_at=w.last_checkpoint_at,
+                submitted_at=w.submitted_at,
+                started_at=w.started_at,
+                expected_end_at=w.expected_end_at,
+                versions=Versions(**v.model_dump()),
+                scheduler_reason=w.scheduler_reason,
+            )
+        )
+    try:
+        return ClusterState.build(
+            nodes,
+            workloads,
+            quotas=[Quota(q.namespace, q.gpu_limit, q.gpu_used) for q in snap.quotas],
+            node_groups=[NodeGroup(g.name, g.current, g.maximum, g.gpu_model, g.gpus_per_node)
+                         for g in snap.node_groups],
+            now=snap.now,
+            name=snap.name,
+        )
+    except ModelError as e:
+        raise InputError(source, e.path, e.message) from None
+
+
+def _assign(node: Node, k: int, milli: int, used: dict[tuple[str, int], int]) -> tuple[int, ...] | None:
+    limit = node.usable_gpus
+    if k == 0:
+        return ()
+    if milli >= MILLI or k > 1:
+        free = [g for g in range(limit) if used.get((node.name, g), 0) == 0]
+        if len(free) < k:
+            return None
+        chosen = tuple(free[:k])
+    else:
+        cands = [(MILLI - used.get((node.name, g), 0), g) for g in range(limit)]
+        fit = [(f, g) for f, g in cands if f >= milli]
+        if not fit:
+            return None
+        chosen = (min(fit)[1],)
+    for g in chosen:
+        used[(node.name, g)] = used.get((node.name, g), 0) + milli
+    return chosen
+
+
+def load_snapshot(path: str | os.PathLike[str]) -> ClusterState:
+    """Read, validate and convert a snapshot file. Raises InputError naming the file and the field."""
+    src = str(path)
+    return to_state(parse_snapshot(read_document(path), src), src)
+
+
+def load_snapshot_dict(doc: Any, source: str = "<snapshot>") -> ClusterState:
+    return to_state(parse_snapshot(doc, source), source)
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def state_to_dict(state: ClusterState) -> dict[str, Any]:
+    """The snapshot document for a ClusterState (round-trips through load_snapshot_dict)."""
+    nodes = []
+    for n in state.nodes:
+        d: dict[str, Any] = {"name": n.name, "gpus": n.gpu_count}
+        for k, v in (("gpu_model", n.gpu_model), ("gpu_allocatable", n.gpu_allocatable),
+                     ("driver_version", n.driver_version), ("cuda_version", n.cuda_version),
+                     ("cpu_arch", n.cpu_arch), ("node_group", n.node_group)):
+            if v is not None:
+                d[k] = v
+        if n.cpu_milli:
+            d["cpu_milli"] = n.cpu_milli
+        if n.memory_mib:
+            d["memory_mib"] = n.memory_mib
+        if n.labels:
+            d["labels"] = dict(n.labels)
+        if n.taints:
+            d["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect.value} for t in n.taints]
+        if not n.schedulable:
+            d["schedulable"] = False
+        if n.mig_devices:
+            d["mig_devices"] = dict(n.mig_devices)
+        if n.partitions:
+            d["partitions"] = list(n.partitions)
+        nodes.append(d)
+    workloads = []
+    for w in state.workloads:
+        r = w.request
+        d = {"id": w.id, "state": w.state.value, "gpus_per_node": r.gpus_per_node}
+        optional: dict[str, Any] = {
+            "name": w.name, "node_count": r.node_count if r.node_count != 1 else None,
+            "gpu_milli": r.gpu_milli if r.gpu_milli != MILLI else None,
+            "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib, "gpu_models": list(r.gpu_models),
+            "node_selector": dict(r.node_selector), "partition": r.partition, "mig_profile": r.mig_profile,
+            "namespace": w.namespace if w.namespace != "default" else None, "user": w.user,
+            "priority": w.priority, "labels": dict(w.labels), "checkpoint_bytes": w.checkpoint_bytes,
+            "last_checkpoint_at": w.last_checkpoint_at, "submitted_at": w.submitted_at,
+            "started_at": w.started_at, "expected_end_at": w.expected_end_at,
+            "scheduler_reason": w.scheduler_reason,
+        }
+        d.update({k: v for k, v in optional.items() if v})
+        if r.tolerations:
+            d["tolerations"] = [{"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect}
+                                for t in r.tolerations]
+        if w.placements:
+            d["placements"] = [{"node": p.node, "gpus": list(p.gpus)} for p in w.placements]
+        versions = {k: getattr(w.versions, k) for k in Versions.__slots__ if getattr(w.versions, k) is not None}
+        if versions:
+            d["versions"] = versions
+        workloads.append(d)
+    doc: dict[str, Any] = {"version": FORMAT_VERSION, "name": state.name, "now": state.now, "nodes": nodes,
+                           "workloads": workloads}
+    if state.quotas:
+        doc["quotas"] = [{"namespace": q.namespace, "gpu_limit": q.gpu_limit,
+                          **({"gpu_used": q.gpu_used} if q.gpu_used is not None else {})} for q in state.quotas]
+    if state.node_groups:
+        doc["node_groups"] = [{"name": g.name, "current": g.current, "maximum": g.maximum,
+                               **({"gpu_model": g.gpu_model} if g.gpu_model else {}),
+                               "gpus_per_node": g.gpus_per_node} for g in state.node_groups]
+    return doc
+
+
+def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> None:
+    """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_snapshot(path: str | os.PathLike[str], state: ClusterState) -> None:
+    write_json_atomic(path, state_to_dict(state))
+
+
+SCHEMA_PATH = Path(__file__).parent / "schema" / "snapshot.schema.json"
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Snapshot.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://gpudefrag.dev/schema/snapshot-v1.json"
+    return schema
+
+
+if __name__ == "__main__":  # regenerate the shipped schema
+    if sys.argv[1:] == ["--schema"]:
+        SCHEMA_PATH.write_text(json.dumps(json_schema(), indent=1, sort_keys=True) + "\n")
+        print(SCHEMA_PATH)
