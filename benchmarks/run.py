@@ -39,7 +39,8 @@ def main() -> int:
         t.add_column(col)
     for r in rows:
         ok = "" if r.ok is None else ("[green]ok[/]" if r.ok else "[red]MISS[/]")
-        t.add_row(r.area, r.name, f"{r.value:.4g} {r.unit}", r.target, ok, " ".join(x for x in (r.baseline, r.note) if x))
+        note = " ".join(x for x in (r.baseline, r.note) if x)
+        t.add_row(r.area, r.name, f"{r.value:.4g} {r.unit}", r.target, ok, note)
     console.print(t)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

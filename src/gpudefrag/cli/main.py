@@ -29,11 +29,12 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
-def run() -> None:
+def run(argv: list[str] | None = None) -> None:
+    """Console entry point. Input errors: one line on stderr, exit 2, no traceback."""
     try:
-        app()
+        app(args=argv)
     except GpudefragError as e:
-        err_console.print(f"[bold red]error:[/] {escape(str(e))}")
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         sys.exit(e.exit_code)
 
 

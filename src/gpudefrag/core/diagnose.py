@@ -303,9 +303,8 @@ def diagnose_request(
             )
 
     # 8. the GPUs fit somewhere but CPU or memory do not
-    gpu_only = r.gpus_per_node > 0 and (
-        eligible & (((state.free_milli >= r.gpu_milli).sum(axis=1)) >= r.gpus_per_node)
-    ).any()
+    gpu_ok = eligible & (((state.free_milli >= r.gpu_milli).sum(axis=1)) >= r.gpus_per_node)
+    gpu_only = r.gpus_per_node > 0 and int(gpu_ok.sum()) >= r.node_count
     fits = fits_mask(state, r) if r.gpus_per_node > 0 else eligible & gpu_fit
     n_fit = int(fits.sum())
     if gpu_only and n_fit < r.node_count:
@@ -328,7 +327,11 @@ def diagnose_request(
         per_node_free = np.where(usable_here[:, None] & (free > 0), free, 0).sum(axis=1)
         free_total = int(per_node_free.sum())
     ordinary = bool(causes)
-    if n_fit >= r.node_count:
+    impossible = any(c.code in (CauseCode.REQUEST_TOO_LARGE, CauseCode.NO_SUCH_GPU_MODEL) for c in causes)
+    impossible |= gpu_only and n_fit < r.node_count  # the GPUs are there; CPU or memory is what is missing
+    if impossible:
+        pass  # no node could ever hold it: free capacity is beside the point
+    elif n_fit >= r.node_count:
         causes.append(
             Cause(
                 CauseCode.FITS_NOW,

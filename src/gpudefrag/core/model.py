@@ -203,7 +203,7 @@ class NodeGroup:
 
 
 class ModelError(ValueError):
-    """A ClusterState that contradicts itself. `path` points at the offending field (e.g. workloads[3].placements[0])."""
+    """A ClusterState that contradicts itself; `path` names the offending field (workloads[3].placements[0])."""
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}")

@@ -1,0 +1,30 @@
+"""Fixtures shared by every area's tests."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def trace_dir() -> Path | None:
+    """The Alibaba openb trace: $GPUDEFRAG_TRACE_DIR, else ../shared/traces/alibaba-gpu-v2023 beside the repo."""
+    env = os.environ.get("GPUDEFRAG_TRACE_DIR")
+    cand = Path(env) if env else REPO.parent / "shared" / "traces" / "alibaba-gpu-v2023"
+    return cand if (cand / "openb_node_list_gpu_node.csv").is_file() else None
+
+
+@pytest.fixture(scope="session")
+def alibaba_trace() -> Path:
+    d = trace_dir()
+    if d is None:
+        msg = ("ALIBABA TRACE ABSENT: set GPUDEFRAG_TRACE_DIR or place the trace at "
+               f"{REPO.parent / 'shared/traces/alibaba-gpu-v2023'}; trace tests are SKIPPED")
+        warnings.warn(msg, stacklevel=1)
+        print(f"\n*** {msg} ***")
+        pytest.skip(msg)
+    return d

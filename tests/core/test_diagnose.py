@@ -1,0 +1,177 @@
+"""Every pending cause, each on a snapshot that shows it, and several at once."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from gpudefrag.core.diagnose import CauseCode as C
+from gpudefrag.core.diagnose import diagnose_all, diagnose_request
+from gpudefrag.core.model import Request
+from gpudefrag.demo import demo_state
+
+_spec = importlib.util.spec_from_file_location("core_builders", Path(__file__).with_name("conftest.py"))
+_b = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(_b)  # type: ignore[union-attr]
+node, job, build = _b.node, _b.job, _b.build
+
+
+def codes(state, jid="big"):
+    (d,) = diagnose_all(state, [jid])
+    return d.codes, d
+
+
+def test_fragmentation_alone_on_the_demo_cluster():
+    state = demo_state()
+    (d,) = diagnose_all(state)
+    assert d.codes == (C.FRAGMENTATION,)
+    assert d.is_fragmentation
+    ev = d.primary.evidence
+    assert ev["free_gpus"] == 12 and ev["largest_block"] == 3
+    assert ev["min_moves_to_clear"] == 2  # the 3+2 nodes; node b needs 2 of its 3 jobs moved too
+    assert "12 GPUs free, largest block 3" in d.primary.summary
+
+
+def test_device_plugin_missing():
+    s = build([node("a"), node("b", gpu_allocatable=0)], [job("x", 6, "a"), job("big", 4)])
+    got, d = codes(s)
+    assert got == (C.DEVICE_PLUGIN_MISSING, C.INSUFFICIENT_GPUS)
+    assert d.causes[0].evidence["nodes"] == ["b"] and d.causes[0].evidence["gpus_missing"] == 8
+
+
+def test_quota_exceeded_even_though_it_fits():
+    s = build(
+        [node("a")],
+        [job("x", 4, "a", namespace="team"), job("big", 2, namespace="team")],
+        quotas=[{"namespace": "team", "gpu_limit": 5}],
+    )
+    got, d = codes(s)
+    assert got == (C.QUOTA_EXCEEDED, C.FITS_NOW)
+    assert d.causes[0].evidence == {"namespace": "team", "limit": 5, "used": 4.0, "requested": 2.0}
+
+
+def test_quota_of_another_namespace_does_not_apply():
+    s = build([node("a")], [job("x", 4, "a", namespace="team"), job("big", 2, namespace="other")],
+              quotas=[{"namespace": "team", "gpu_limit": 4}])
+    assert codes(s)[0] == (C.FITS_NOW,)
+
+
+def test_autoscaler_at_max():
+    s = build(
+        [node("a", node_group="pool"), node("b", node_group="pool")],
+        [job("x", 8, "a"), job("y", 8, "b"), job("big", 8)],
+        node_groups=[{"name": "pool", "current": 2, "maximum": 2, "gpu_model": "H100", "gpus_per_node": 8}],
+    )
+    assert codes(s)[0] == (C.AUTOSCALER_AT_MAX, C.INSUFFICIENT_GPUS)
+
+
+def test_autoscaler_with_headroom_is_not_a_cause():
+    s = build([node("a")], [job("x", 8, "a"), job("big", 8)],
+              node_groups=[{"name": "pool", "current": 1, "maximum": 3, "gpus_per_node": 8}])
+    assert codes(s)[0] == (C.INSUFFICIENT_GPUS,)
+
+
+def test_request_larger_than_any_node():
+    s = build([node("a"), node("b", gpus=4)], [job("big", 16)])
+    got, d = codes(s)
+    assert got == (C.REQUEST_TOO_LARGE,)
+    assert d.primary.evidence["largest_node_gpus"] == 8
+
+
+def test_request_larger_than_any_node_of_the_allowed_model():
+    s = build([node("a", gpus=8, gpu_model="T4"), node("b", gpus=4, gpu_model="A100")],
+              [job("big", 8, gpu_models=["A100"])])
+    got, d = codes(s)
+    assert got == (C.REQUEST_TOO_LARGE,)
+    assert d.primary.evidence["largest_node_gpus"] == 4 and d.primary.evidence["largest_node_any_model"] == 8
+
+
+def test_no_node_of_the_gpu_model():
+    s = build([node("a", gpu_model="H100")], [job("big", 1, gpu_models=["A100"])])
+    got, d = codes(s)
+    assert got == (C.NO_SUCH_GPU_MODEL,)
+    assert d.primary.evidence["present"] == ["H100"]
+
+
+def test_taint_excludes_the_node_with_room():
+    s = build(
+        [node("a", taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]), node("b")],
+        [job("x", 8, "b"), job("big", 4)],
+    )
+    got, d = codes(s)
+    assert got == (C.TAINTS_OR_SELECTORS, C.INSUFFICIENT_GPUS)
+    assert "untolerated taint dedicated=infer:NoSchedule" in d.primary.summary
+
+
+def test_toleration_lets_it_fit():
+    s = build(
+        [node("a", taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]), node("b")],
+        [job("x", 8, "b"), job("big", 4, tolerations=[{"key": "dedicated", "operator": "Exists"}])],
+    )
+    assert codes(s)[0] == (C.FITS_NOW,)
+
+
+def test_node_selector_mismatch():
+    s = build([node("a", labels={"zone": "x"}), node("b", labels={"zone": "y"})],
+              [job("x", 8, "b"), job("big", 2, node_selector={"zone": "y"})])
+    assert codes(s)[0] == (C.TAINTS_OR_SELECTORS, C.INSUFFICIENT_GPUS)
+
+
+def test_mig_mixed_node():
+    s = build(
+        [node("a", gpu_allocatable=4, mig_devices={"nvidia.com/mig-1g.10gb": 28}), node("b")],
+        [job("x", 8, "b"), job("big", 8)],
+    )
+    got, d = codes(s)
+    assert got == (C.MIG_MIXED, C.INSUFFICIENT_GPUS)
+    assert d.causes[0].evidence["mixed"] == ["a"]
+
+
+def test_cordoned_node_with_room():
+    s = build([node("a", schedulable=False), node("b")], [job("x", 8, "b"), job("big", 8)])
+    assert codes(s)[0] == (C.NODES_UNSCHEDULABLE, C.INSUFFICIENT_GPUS)
+
+
+def test_cpu_or_memory():
+    s = build([node("a", cpu_milli=16000)], [job("x", 1, "a", cpu_milli=12000), job("big", 2, cpu_milli=8000)])
+    assert codes(s)[0] == (C.CPU_OR_MEMORY,)
+
+
+def test_cluster_simply_full():
+    s = build([node("a"), node("b")], [job("x", 8, "a"), job("y", 7, "b"), job("big", 2)])
+    got, d = codes(s)
+    assert got == (C.INSUFFICIENT_GPUS,)
+    assert d.primary.evidence == {"free_gpus": 1.0, "requested": 2.0}
+
+
+def test_fits_now():
+    s = build([node("a")], [job("x", 4, "a"), job("big", 4)])
+    assert codes(s)[0] == (C.FITS_NOW,)
+
+
+def test_several_causes_listed_in_order():
+    # quota exceeded AND the free GPUs are scattered AND a device plugin is missing on a third node
+    s = build(
+        [node("a"), node("b"), node("c", gpu_allocatable=0)],
+        [job("x", 5, "a", namespace="t"), job("y", 5, "b"), job("big", 4, namespace="t")],
+        quotas=[{"namespace": "t", "gpu_limit": 8}],
+    )
+    got, d = codes(s)
+    assert got == (C.DEVICE_PLUGIN_MISSING, C.QUOTA_EXCEEDED, C.FRAGMENTATION)
+    assert not d.is_fragmentation
+    assert "(other causes also hold)" in d.causes[-1].summary
+
+
+def test_fractional_request_fragmented():
+    # every GPU has 0.4 free; a 0.5-GPU request fits nowhere although 3.2 GPUs are free
+    s = build([node("a", gpus=4), node("b", gpus=4)],
+              [job(f"s{i}", 1, n, gpu_milli=600) for i, n in enumerate(["a"] * 4 + ["b"] * 4)]
+              + [job("big", 1, gpu_milli=500)])
+    got, d = codes(s)
+    assert got == (C.FRAGMENTATION,)
+    assert d.primary.evidence["free_gpus"] == 3.2
+
+
+def test_hypothetical_request():
+    d = diagnose_request(demo_state(), Request(gpus_per_node=3))
+    assert d.codes == (C.FITS_NOW,)

@@ -1,0 +1,194 @@
+"""The snapshot loader: valid files round-trip; every broken file gives one error naming file and field, exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpudefrag.cli.main import run
+from gpudefrag.demo import demo_document, demo_state
+from gpudefrag.errors import InputError
+from gpudefrag.snapshot import SCHEMA_PATH, json_schema, load_snapshot, state_to_dict
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        run(argv)
+    out, err = capsys.readouterr()
+    return int(e.value.code or 0), out, err
+
+
+def write(tmp_path: Path, doc, name: str = "snap.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    return p
+
+
+def test_shipped_schema_is_current():
+    assert json.loads(SCHEMA_PATH.read_text()) == json.loads(json.dumps(json_schema(), sort_keys=True))
+
+
+def test_demo_round_trips(tmp_path):
+    s = demo_state()
+    p = write(tmp_path, state_to_dict(s))
+    s2 = load_snapshot(p)
+    assert state_to_dict(s2) == state_to_dict(s)
+    assert (s2.free_milli == s.free_milli).all()
+
+
+def test_yaml_is_accepted(tmp_path):
+    import yaml
+
+    p = tmp_path / "snap.yaml"
+    p.write_text(yaml.safe_dump(demo_document()))
+    assert len(load_snapshot(p).nodes) == 4
+
+
+def test_validate_command(tmp_path, capsys):
+    p = write(tmp_path, demo_document())
+    code, out, _ = cli(["snapshot", "validate", str(p), "--json"], capsys)
+    assert code == 0
+    assert json.loads(out) == {"file": str(p), "valid": True, "nodes": 4, "gpus": 32, "running": 9, "pending": 1}
+
+
+# ------------------------------------------------------------------------------------------ broken input
+def _mutations():
+    """(description, function doc -> doc, expected field path fragment, expected message fragment)."""
+    return [
+        ("gpus is a string", lambda d: d["nodes"][1].__setitem__("gpus", "8"), "nodes[1].gpus", "integer"),
+        ("negative GPU count", lambda d: d["nodes"][2].__setitem__("gpus", -1), "nodes[2].gpus", "greater than"),
+        ("unknown node", lambda d: d["workloads"][3]["placements"][0].__setitem__("node", "ghost"),
+         "workloads[3].placements[0].node", "unknown node 'ghost'"),
+        ("more GPUs than the node has", lambda d: d["workloads"][0].update(
+            gpus_per_node=9, placements=[{"node": "gpu-node-a", "gpus": list(range(9))}]),
+         "workloads[0].placements[0].gpus", "asks for 9 GPUs on node 'gpu-node-a', which has 8"),
+        ("no room for unassigned GPUs", lambda d: d["workloads"][2].__setitem__("gpus_per_node", 9),
+         "workloads[2].placements[0]", "has no room for 9 GPU(s)"),
+        ("GPU index out of range", lambda d: d["workloads"][0]["placements"][0].__setitem__("gpus", [0, 1, 9]),
+         "workloads[0].placements[0].gpus", "out of range"),
+        ("unknown field", lambda d: d["nodes"][0].__setitem__("gpu", 8), "nodes[0].gpu", "unknown field"),
+        ("missing field", lambda d: d["nodes"][0].pop("name"), "nodes[0].name", "required"),
+        ("bool as int", lambda d: d["nodes"][0].__setitem__("gpus", True), "nodes[0].gpus", "integer"),
+        ("duplicate id", lambda d: d["workloads"][1].__setitem__("id", d["workloads"][0]["id"]),
+         "workloads[1].id", "duplicate"),
+        ("over-allocated GPU", lambda d: d["workloads"][1]["placements"][0].__setitem__("gpus", [0, 1]),
+         "workloads[1].placements[0].gpus", "over-allocated"),
+        ("bad state", lambda d: d["workloads"][0].__setitem__("state", "sleeping"), "workloads[0].state", "Input"),
+    ]
+
+
+@pytest.mark.parametrize("desc,mutate,where,msg", _mutations(), ids=[m[0] for m in _mutations()])
+def test_each_broken_field_is_named(tmp_path, capsys, desc, mutate, where, msg):
+    doc = demo_document()
+    doc["workloads"][0]["placements"][0]["gpus"] = [0, 1, 2]
+    doc["workloads"][1]["placements"][0]["gpus"] = [3, 4]
+    mutate(doc)
+    p = write(tmp_path, doc)
+    with pytest.raises(InputError) as e:
+        load_snapshot(p)
+    assert e.value.source == str(p)
+    assert e.value.where.startswith(where), e.value
+    assert msg in e.value.message
+    code, out, err = cli(["snapshot", "validate", str(p)], capsys)
+    assert code == 2 and out == ""
+    assert str(p) in err and where in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2  # one message (Rich may wrap it)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**12) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _paths(doc, prefix=()):
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _paths(v, (*prefix, i))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_random_corruption_never_crashes(tmp_path, data):
+    """Replace any value anywhere with any JSON value: the loader either accepts it or raises InputError."""
+    doc = demo_document()
+    paths = [p for p in _paths(doc) if p]
+    path = data.draw(st.sampled_from(paths))
+    value = data.draw(JSON_VALUES)
+    target = doc
+    for k in path[:-1]:
+        target = target[k]
+    target[path[-1]] = value
+    p = write(tmp_path, doc)
+    try:
+        load_snapshot(p)
+    except InputError as e:
+        assert e.source == str(p) and e.where and e.message
+
+
+@SETTINGS
+@given(cut=st.integers(min_value=0, max_value=10_000))
+def test_truncated_json(tmp_path, cut):
+    text = json.dumps(demo_document(), indent=1)
+    cut = cut % (len(text) - 1)
+    p = write(tmp_path, text[:cut])
+    with pytest.raises(InputError) as e:
+        load_snapshot(p)
+    assert e.value.source == str(p)
+    assert e.value.where.startswith("line ") or e.value.where == "(document)"
+
+
+@SETTINGS
+@given(pos=st.integers(min_value=0, max_value=10_000), junk=st.binary(min_size=1, max_size=4))
+def test_non_utf8(tmp_path, pos, junk):
+    raw = json.dumps(demo_document()).encode()
+    pos = pos % len(raw)
+    bad = raw[:pos] + b"\xff" + junk + raw[pos:]
+    p = tmp_path / "snap.json"
+    p.write_bytes(bad)
+    with pytest.raises(InputError) as e:
+        load_snapshot(p)
+    assert e.value.source == str(p)
+    assert "UTF-8" in e.value.message or "JSON" in e.value.message
+
+
+@SETTINGS
+@given(gpus=st.integers(min_value=-10**6, max_value=-1), idx=st.integers(0, 3))
+def test_negative_gpu_counts(tmp_path, gpus, idx):
+    doc = demo_document()
+    doc["nodes"][idx]["gpus"] = gpus
+    with pytest.raises(InputError) as e:
+        load_snapshot(write(tmp_path, doc))
+    assert e.value.where == f"nodes[{idx}].gpus"
+
+
+def test_missing_file_and_yaml_errors(tmp_path, capsys):
+    code, _, err = cli(["frag", str(tmp_path / "nope.json")], capsys)
+    assert code == 2 and "nope.json" in err and "cannot read" in err
+    p = tmp_path / "bad.yaml"
+    p.write_text("nodes: [\n  - name: a\n    gpus: 8\n  - {")
+    with pytest.raises(InputError) as e:
+        load_snapshot(p)
+    assert e.value.where.startswith("line ")
+
+
+def test_real_process_exit_code(tmp_path):
+    """Through the installed console script: exit 2, one line, no traceback."""
+    p = write(tmp_path, "{\"nodes\": [")
+    exe = Path(sys.executable).with_name("gpudefrag")
+    r = subprocess.run([str(exe), "diagnose", str(p)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and str(p) in r.stderr and "line 1" in r.stderr
