@@ -1,0 +1,102 @@
+"""Start a job so that CRIU can later dump it and restore it elsewhere.
+
+What makes a process restorable (learned the hard way in the lab):
+  * its own session (setsid) and no terminal — then no `--shell-job` is needed;
+  * stdout/stderr to regular files opened with O_APPEND — CRIU size-checks other regular files on restore and
+    refuses when they grew, while an appended log is expected to grow;
+  * optionally PID 1 of its own PID namespace — then a restore gets a fresh namespace and its PIDs can never
+    collide with the target's (a same-PID restore fails with "Can't fork for PID: File exists");
+  * optionally in a named network namespace (`ip netns add`), the unit a "node" is in the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .protocol import UNAVAILABLE, CheckpointError
+
+
+@dataclass
+class Job:
+    """A started job. `pid` is its host PID (with `pidns`, the process that is PID 1 inside)."""
+
+    pid: int
+    popen: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+    pidns: bool = False
+    netns: str | None = None
+
+    def reap(self, timeout: float = 30) -> int | None:
+        """Collect the launcher's exit status (after a dump killed the job) so its PID is free again."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, cwd: Path | None = None,
+              env: Mapping[str, str] | None = None, pidns: bool = False, netns: str | None = None,
+              timeout: float = 30) -> Job:
+    """Start `argv` detached (own session, stdin /dev/null, stdio appended to files) and return its host PID."""
+    stdout = Path(stdout)
+    stderr = Path(stderr) if stderr is not None else stdout
+    prefix: list[str] = []
+    if netns:
+        prefix += [_need("nsenter"), f"--net={netns if '/' in netns else '/run/netns/' + netns}"]
+    if pidns:
+        # unshare forks the job as PID 1 of a new namespace; setsid makes the job its own session leader
+        # (unshare already leads the session Popen made, so the job would otherwise need --shell-job)
+        prefix += [_need("unshare"), "--pid", "--fork", _need("setsid")]
+    out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    err = out if stderr == stdout else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        p = subprocess.Popen([*prefix, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd,
+                             env=dict(env) if env is not None else None, start_new_session=True, close_fds=True)
+    finally:
+        os.close(out)
+        if err != out:
+            os.close(err)
+    pid = p.pid
+    if prefix:
+        pid = _job_pid(p, argv[0], timeout)
+    return Job(pid=pid, popen=p, stdout=stdout, stderr=stderr, pidns=pidns, netns=netns)
+
+
+def _need(tool: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        raise CheckpointError(UNAVAILABLE, f"{tool} not found (util-linux)")
+    return path
+
+
+def _job_pid(p: subprocess.Popen[bytes], exe: str, timeout: float) -> int:
+    """The launcher (nsenter/unshare) execs or forks: follow children until the process running `exe`."""
+    name = Path(exe).name
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = p.pid
+        for _ in range(4):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            except FileNotFoundError:
+                break
+            if Path(cmd).name == name:
+                return pid
+            try:
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except FileNotFoundError:
+                break
+            if not kids:
+                break
+            pid = int(kids[0])
+        if p.poll() is not None:
+            raise CheckpointError(UNAVAILABLE, f"job launcher exited with {p.returncode} before {name} started")
+        time.sleep(0.02)
+    raise CheckpointError(UNAVAILABLE, f"{name} did not start within {timeout} s")

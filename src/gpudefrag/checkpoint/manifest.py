@@ -1,0 +1,129 @@
+"""The manifest: what a checkpoint folder holds (files, sizes, SHA-256), what it needs (the compatibility
+record), and an HMAC-SHA256 signature over all of it.
+
+Loading is strict (pydantic, no coercion, no unknown fields) so a hand-edited or truncated manifest is a
+`bad-manifest` naming the field, never a silently different checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+from pathlib import PurePosixPath
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..core.model import Versions
+from ..errors import loc_to_path
+from .protocol import BAD_MANIFEST, UNSAFE_PATH, CheckpointError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Name = Annotated[str, Field(min_length=1, max_length=255)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class FileEntry(_Strict):
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+    size: Annotated[int, Field(ge=0)]
+    sha256: Hex64
+
+
+class CompatRecord(_Strict):
+    """`gpudefrag.core.model.Versions`, field for field."""
+
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    engine: str | None = None
+    model: str | None = None
+    cpu_arch: str | None = None
+    kernel: str | None = None
+    checkpointer: str | None = None
+
+    def to_versions(self) -> Versions:
+        return Versions(**self.model_dump())
+
+    @classmethod
+    def of(cls, v: Versions) -> CompatRecord:
+        return cls(**dataclasses.asdict(v))
+
+
+class Manifest(_Strict):
+    format: Annotated[int, Field(ge=1, le=FORMAT_VERSION)] = FORMAT_VERSION
+    id: Name
+    workload_id: Name
+    backend: Name
+    mode: Name
+    created_at: str  # ISO 8601, UTC
+    created_unix: float
+    parent: str | None = None
+    files: tuple[FileEntry, ...]
+    compat: CompatRecord
+    gpus: dict[str, str] = Field(default_factory=dict)  # GPU UUID -> model, as seen at checkpoint time
+    info: dict[str, Any] = Field(default_factory=dict)  # backend facts: frozen time, pid, notes, ...
+    key_id: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+    signature: Hex64 | None = None
+
+    def signed_bytes(self) -> bytes:
+        """The bytes the signature covers: every field but the signature, canonical JSON."""
+        doc = self.model_dump(mode="json", exclude={"signature"})
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+    def sign(self, key: bytes) -> Manifest:
+        sig = hmac.new(key, self.signed_bytes(), hashlib.sha256).hexdigest()
+        return self.model_copy(update={"signature": sig})
+
+    def signature_ok(self, key: bytes) -> bool:
+        if self.signature is None:
+            return False
+        want = hmac.new(key, self.signed_bytes(), hashlib.sha256).hexdigest()
+        return hmac.compare_digest(want, self.signature)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def safe_relpath(rel: str) -> bool:
+    """A manifest path must stay inside its folder: relative, no '..', no empty parts."""
+    p = PurePosixPath(rel)
+    return (not p.is_absolute() and ".." not in p.parts and "" not in rel.split("/")
+            and rel not in (".", MANIFEST_NAME) and "\0" not in rel)
+
+
+def parse_manifest(raw: bytes, source: str) -> Manifest:
+    """Bytes -> Manifest, or CheckpointError(bad-manifest | unsafe-path) naming the file and the field."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        where = f"line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else "encoding"
+        raise CheckpointError(BAD_MANIFEST, f"{where}: not valid JSON", path=source) from None
+    if not isinstance(doc, dict):
+        raise CheckpointError(BAD_MANIFEST, "(document): must be a JSON object", path=source)
+    try:
+        m = Manifest.model_validate_json(raw)  # JSON mode: arrays are tuples, strictness otherwise kept
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise CheckpointError(BAD_MANIFEST, f"{loc_to_path(err['loc'])}: {err['msg']}", path=source) from None
+    seen: set[str] = set()
+    for i, f in enumerate(m.files):
+        if not safe_relpath(f.path):
+            raise CheckpointError(UNSAFE_PATH, f"files[{i}].path: {f.path!r} leaves the checkpoint folder",
+                                  path=source)
+        if f.path in seen:
+            raise CheckpointError(BAD_MANIFEST, f"files[{i}].path: {f.path!r} listed twice", path=source)
+        seen.add(f.path)
+    return m

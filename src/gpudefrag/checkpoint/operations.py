@@ -1,0 +1,104 @@
+"""The two operations everything else calls: checkpoint a job into the store, restore one from it.
+
+`restore_from_store` is the only door to a backend's `restore`: it verifies the signature and every file's
+hash first, then the compatibility record against this host, and refuses (CheckpointError with a stable
+reason) before any image is read by CRIU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..core.model import Versions
+from .compat import DEFAULT_FIELDS, field_names, host_versions, mismatches
+from .manifest import Manifest
+from .protocol import INCOMPATIBLE, UNAVAILABLE, CheckpointBackend, CheckpointError, CheckpointResult, RestoreResult
+from .store import CheckpointStore
+
+
+def backend_for(name: str, **kw: Any) -> CheckpointBackend:
+    """'criu' | 'cuda' | 'app' -> a backend instance (imports lazily: the CUDA one needs cuda-bindings)."""
+    if name == "criu":
+        from .criu import CriuBackend
+
+        return CriuBackend(**kw)
+    if name == "cuda":
+        from .cuda import CudaBackend
+
+        return CudaBackend(**kw)
+    if name == "app":
+        from .app_hook import AppHookBackend
+
+        return AppHookBackend(**kw)
+    raise CheckpointError(UNAVAILABLE, f"unknown checkpoint backend {name!r} (criu, cuda, app)")
+
+
+def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid: int, workload_id: str, *,
+                        leave_running: bool = False, precopy: bool = False, page_server: bool = False,
+                        engine: str | None = None, model: str | None = None, parent: str | None = None,
+                        keep: int | None = None, **backend_kw: Any) -> tuple[Manifest, CheckpointResult]:
+    """Checkpoint `pid` into a new signed store entry; apply retention (`keep` newest) for the workload."""
+    with store.create(workload_id) as pending:
+        if page_server:
+            from .criu import CriuBackend, stream_checkpoint
+
+            if not isinstance(backend, CriuBackend):
+                raise CheckpointError(UNAVAILABLE, f"page-server streaming needs CRIU, not {backend.name}")
+            res = stream_checkpoint(backend, pid, pending.dir, leave_running=leave_running, precopy=precopy,
+                                    **backend_kw)
+        else:
+            res = backend.checkpoint(pid, pending.dir, leave_running=leave_running, precopy=precopy,
+                                     **backend_kw)
+        gpu = getattr(backend, "gpu_versions", None)
+        compat = host_versions(res.checkpointer or backend.version(), gpu=gpu() if callable(gpu) else None)
+        compat = Versions(**{**_asdict(compat), "engine": engine, "model": model})
+        info = {**res.extra, "frozen_s": res.frozen_s, "duration_s": res.duration_s,
+                "leave_running": res.leave_running, "notes": list(res.notes)}
+        gpus = res.extra.get("gpus", {})
+        manifest = pending.commit(backend=backend.name, mode=res.mode, compat=compat, parent=parent,
+                                  gpus=gpus, info=info)
+    if keep is not None:
+        store.retain(workload_id, keep)
+    return manifest, res
+
+
+def check_compat(manifest: Manifest, here: Versions, fields: Iterable[str] = DEFAULT_FIELDS) -> None:
+    diffs = mismatches(manifest.compat.to_versions(), here, fields)
+    if diffs:
+        raise CheckpointError(INCOMPATIBLE, "; ".join(diffs), path=manifest.id, fields=field_names(diffs))
+
+
+def restore_from_store(store: CheckpointStore, ckpt_id: str, backend: CheckpointBackend | None = None, *,
+                       here: Versions | None = None, compat_fields: Iterable[str] = DEFAULT_FIELDS,
+                       **restore_kw: Any) -> tuple[Manifest, RestoreResult]:
+    """Verify (signature, hashes), check compatibility, then restore. Nothing runs unless all three pass."""
+    manifest = store.verify(ckpt_id).raise_for_status()
+    be = backend or backend_for(manifest.backend)
+    if here is None:
+        gpu = getattr(be, "gpu_versions", None)
+        here = host_versions(be.version(), gpu=gpu() if callable(gpu) else None)
+    check_compat(manifest, here, compat_fields)
+    res = be.restore(store.path(ckpt_id), info=manifest.info, **restore_kw)
+    return manifest, res
+
+
+def resolve(store_root: Path | None, ckpt: str) -> tuple[Path, str]:
+    """`CKPT` on the command line: an id in the store, or a path to a checkpoint folder (its parent is the
+    store root)."""
+    p = Path(ckpt)
+    if "/" in ckpt or (store_root is None and p.exists()):
+        p = p.resolve()
+        return p.parent, p.name
+    if store_root is None:
+        from .store import default_store_root
+
+        store_root = default_store_root()
+    return store_root, ckpt
+
+
+def _asdict(v: Versions) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(v)

@@ -1,0 +1,391 @@
+"""The signed checkpoint store: one folder per checkpoint under a root (local disk or a shared mount).
+
+    <root>/<ckpt-id>/manifest.json      signed: files + sizes + SHA-256, compatibility record, parent, times
+    <root>/<ckpt-id>/<image files>      whatever the backend wrote (CRIU images, a state_dict, ...)
+    <root>/.tmp-<ckpt-id>/              a checkpoint being written; renamed into place on commit
+
+Folders are 0700 and files 0600: images hold the job's memory (secrets included). A checkpoint appears only
+complete (temp folder + rename) and `verify` re-reads every byte before a restore is allowed to trust it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..core.model import Versions
+from .keys import DEFAULT_KEY_PATH, key_id, load_key
+from .manifest import MANIFEST_NAME, CompatRecord, FileEntry, Manifest, parse_manifest
+from .protocol import (
+    BAD_MANIFEST,
+    BAD_SIGNATURE,
+    HASH_MISMATCH,
+    MISSING_FILE,
+    MISSING_MANIFEST,
+    NOT_FOUND,
+    OK,
+    SIZE_MISMATCH,
+    UNEXPECTED_FILE,
+    UNSAFE_PATH,
+    WRONG_KEY,
+    CheckpointError,
+)
+
+DEFAULT_STORE = Path("/var/lib/gpudefrag/checkpoints")
+TMP_PREFIX = ".tmp-"
+TRASH_PREFIX = ".trash-"
+MAX_MANIFEST_BYTES = 16 << 20
+_CHUNK = 4 << 20
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+def default_store_root() -> Path:
+    return Path(os.environ.get("GPUDEFRAG_CHECKPOINT_STORE", str(DEFAULT_STORE)))
+
+
+def default_key_path() -> Path:
+    return Path(os.environ.get("GPUDEFRAG_CHECKPOINT_KEY", str(DEFAULT_KEY_PATH)))
+
+
+def sha256_file(path: Path) -> tuple[int, str]:
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return n, h.hexdigest()
+
+
+def _slug(workload_id: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", workload_id).strip("._-") or "job"
+    return s[:80]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    ckpt_id: str
+    path: str
+    ok: bool
+    reason: str  # a stable code from protocol.py; "ok" when ok
+    detail: str = ""
+    manifest: Manifest | None = None
+    bytes_checked: int = 0
+
+    def raise_for_status(self) -> Manifest:
+        if not self.ok or self.manifest is None:
+            raise CheckpointError(self.reason, self.detail, path=self.path)
+        return self.manifest
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.ckpt_id, "path": self.path, "ok": self.ok, "reason": self.reason,
+                "detail": self.detail, "bytes_checked": self.bytes_checked,
+                "workload_id": self.manifest.workload_id if self.manifest else None}
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint being written: a private temp folder. Use as a context manager so that a failed backend
+    leaves nothing behind; `commit` hashes, signs and renames it into place."""
+
+    store: CheckpointStore
+    ckpt_id: str
+    workload_id: str
+    dir: Path
+    committed: Manifest | None = None
+
+    def __enter__(self) -> PendingCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.committed is None:
+            self.store.abort(self)
+
+    def commit(self, **kw: Any) -> Manifest:
+        self.committed = self.store.commit(self, **kw)
+        return self.committed
+
+
+@dataclass(frozen=True)
+class GcResult:
+    removed: tuple[str, ...]
+    kept: tuple[str, ...]
+    stale_temp_removed: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
+    freed_bytes: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"removed": list(self.removed), "kept": list(self.kept),
+                "stale_temp_removed": list(self.stale_temp_removed), "unreadable": list(self.unreadable),
+                "freed_bytes": self.freed_bytes}
+
+
+@dataclass
+class CheckpointStore:
+    root: Path
+    key_path: Path = field(default_factory=default_key_path)
+    durable: bool = True  # fsync images and manifest before the rename (off only for scratch benchmarks)
+    _key: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        self.key_path = Path(self.key_path)
+
+    # -- key and layout -------------------------------------------------------------------------------
+    @property
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = load_key(self.key_path, create=True)
+        return self._key
+
+    def _ensure_root(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.root, 0o700)
+
+    def path(self, ckpt_id: str) -> Path:
+        if not _ID_RE.match(ckpt_id) or ckpt_id.startswith((TMP_PREFIX, TRASH_PREFIX)):
+            raise CheckpointError(NOT_FOUND, f"{ckpt_id!r} is not a checkpoint id", path=str(self.root))
+        return self.root / ckpt_id
+
+    # -- writing --------------------------------------------------------------------------------------
+    def create(self, workload_id: str) -> PendingCheckpoint:
+        self._ensure_root()
+        _ = self.key  # fail on an insecure key before the backend freezes anything
+        now = datetime.now(UTC)
+        ckpt_id = f"{_slug(workload_id)}-{now:%Y%m%dT%H%M%S%f}Z-{secrets.token_hex(3)}"
+        tmp = self.root / f"{TMP_PREFIX}{ckpt_id}"
+        tmp.mkdir(mode=0o700)
+        return PendingCheckpoint(self, ckpt_id, workload_id, tmp)
+
+    def abort(self, pending: PendingCheckpoint) -> None:
+        shutil.rmtree(pending.dir, ignore_errors=True)
+
+    def commit(self, pending: PendingCheckpoint, *, backend: str, mode: str, compat: Versions,
+               parent: str | None = None, gpus: dict[str, str] | None = None,
+               info: dict[str, Any] | None = None) -> Manifest:
+        """Hash every file the backend wrote, sign the manifest, and rename the folder into place."""
+        entries = []
+        for rel, p in _walk(pending.dir):
+            st = p.lstat()
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(UNSAFE_PATH, f"{rel}: backend left a non-regular file",
+                                      path=str(pending.dir))
+            os.chmod(p, 0o600)
+            if self.durable:
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+            size, digest = sha256_file(p)
+            entries.append(FileEntry(path=rel, size=size, sha256=digest))
+        for d in [pending.dir, *(x for x in pending.dir.rglob("*") if x.is_dir() and not x.is_symlink())]:
+            os.chmod(d, 0o700)
+        now = time.time()
+        m = Manifest(
+            id=pending.ckpt_id, workload_id=pending.workload_id, backend=backend, mode=mode,
+            created_at=datetime.fromtimestamp(now, UTC).isoformat().replace("+00:00", "Z"),
+            created_unix=now, parent=parent, files=tuple(entries), compat=CompatRecord.of(compat),
+            gpus=dict(gpus or {}), info=_jsonable(info or {}), key_id=key_id(self.key),
+        ).sign(self.key)
+        mpath = pending.dir / MANIFEST_NAME
+        fd = os.open(mpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(m.to_json())
+            f.flush()
+            if self.durable:
+                os.fsync(f.fileno())
+        final = self.root / pending.ckpt_id
+        os.rename(pending.dir, final)
+        if self.durable:
+            _fsync_dir(self.root)
+        return m
+
+    # -- reading --------------------------------------------------------------------------------------
+    def read_manifest(self, ckpt_id: str) -> Manifest:
+        """Parse (not verify) a manifest: for listing. Never restore from this."""
+        d = self.path(ckpt_id)
+        mp = d / MANIFEST_NAME
+        if not d.is_dir() or d.is_symlink():
+            raise CheckpointError(NOT_FOUND, "no such checkpoint", path=str(d))
+        try:
+            with open(mp, "rb") as f:
+                raw = f.read(MAX_MANIFEST_BYTES + 1)
+        except FileNotFoundError:
+            raise CheckpointError(MISSING_MANIFEST, f"{MANIFEST_NAME} is missing", path=str(d)) from None
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise CheckpointError(BAD_MANIFEST, "manifest is too large", path=str(mp))
+        return parse_manifest(raw, str(mp))
+
+    def verify(self, ckpt_id: str) -> VerifyResult:
+        """Signature first, then every file's size and SHA-256, and nothing in the folder that is not listed.
+
+        The order matters: until the signature holds, the file list itself is attacker-controlled.
+        """
+        try:
+            d = self.path(ckpt_id)
+        except CheckpointError as e:
+            return VerifyResult(ckpt_id, str(self.root), False, e.reason, e.detail)
+        try:
+            m = self.read_manifest(ckpt_id)
+        except CheckpointError as e:
+            return VerifyResult(ckpt_id, str(d), False, e.reason, e.detail)
+
+        def bad(reason: str, detail: str, n: int = 0) -> VerifyResult:
+            return VerifyResult(ckpt_id, str(d), False, reason, detail, None, n)
+
+        if m.key_id != key_id(self.key):
+            return bad(WRONG_KEY, f"signed with key {m.key_id}, this store's key is {key_id(self.key)}")
+        if not m.signature_ok(self.key):
+            return bad(BAD_SIGNATURE, "manifest signature does not match its contents")
+        if m.id != ckpt_id:
+            return bad(BAD_MANIFEST, f"id: manifest is for {m.id!r}, not this folder")
+        listed = {f.path: f for f in m.files}
+        present: dict[str, Path] = {}
+        for rel, p in _walk(d):
+            if rel == MANIFEST_NAME:
+                continue
+            if not stat.S_ISREG(p.lstat().st_mode):
+                return bad(UNSAFE_PATH, f"{rel}: not a regular file (link or device)")
+            if rel not in listed:
+                return bad(UNEXPECTED_FILE, f"{rel}: present but not in the manifest")
+            present[rel] = p
+        checked = 0
+        for f in m.files:
+            p = present.get(f.path)
+            if p is None:
+                return bad(MISSING_FILE, f"{f.path}: listed in the manifest but missing", checked)
+            size = p.stat().st_size
+            if size != f.size:
+                return bad(SIZE_MISMATCH, f"{f.path}: {size} bytes, manifest says {f.size}", checked)
+            _, digest = sha256_file(p)
+            checked += size
+            if digest != f.sha256:
+                return bad(HASH_MISMATCH, f"{f.path}: SHA-256 differs from the manifest", checked)
+        return VerifyResult(ckpt_id, str(d), True, OK, "", m, checked)
+
+    def ids(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(e.name for e in os.scandir(self.root)
+                      if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+
+    def list(self, workload_id: str | None = None) -> list[dict[str, Any]]:
+        """Every checkpoint, newest first, from its manifest (signature checked, file hashes not)."""
+        out = []
+        for cid in self.ids():
+            try:
+                m = self.read_manifest(cid)
+            except CheckpointError as e:
+                out.append({"id": cid, "workload_id": None, "created_at": None, "created_unix": 0.0,
+                            "bytes": None, "backend": None, "mode": None, "parent": None,
+                            "signed": False, "error": e.reason})
+                continue
+            if workload_id is not None and m.workload_id != workload_id:
+                continue
+            signed = m.key_id == key_id(self.key) and m.signature_ok(self.key)
+            out.append({"id": cid, "workload_id": m.workload_id, "created_at": m.created_at,
+                        "created_unix": m.created_unix, "bytes": m.total_bytes, "backend": m.backend,
+                        "mode": m.mode, "parent": m.parent, "signed": signed, "error": None})
+        out.sort(key=lambda r: r["created_unix"], reverse=True)
+        return out
+
+    def latest(self, workload_id: str, *, verified: bool = True) -> Manifest | None:
+        """The newest checkpoint of a workload that verifies (older ones are tried when a newer one fails)."""
+        for row in self.list(workload_id):
+            if not row["signed"]:
+                continue
+            if not verified:
+                return self.read_manifest(row["id"])
+            v = self.verify(row["id"])
+            if v.ok:
+                return v.manifest
+        return None
+
+    # -- retention ------------------------------------------------------------------------------------
+    def gc(self, keep: int, *, workload_id: str | None = None, stale_temp_s: float = 3600.0) -> GcResult:
+        """Keep the newest `keep` checkpoints per workload (and every parent they need); drop the rest and
+        temp folders older than `stale_temp_s` (a writer that died). Unreadable folders are reported, kept."""
+        if keep < 0:
+            raise ValueError("keep must be >= 0")
+        rows = self.list(workload_id)
+        by_wl: dict[str, list[dict[str, Any]]] = {}
+        unreadable = []
+        for r in rows:
+            if r["error"]:
+                unreadable.append(r["id"])
+            else:
+                by_wl.setdefault(r["workload_id"], []).append(r)
+        keep_ids: set[str] = set()
+        for wl_rows in by_wl.values():
+            keep_ids.update(r["id"] for r in wl_rows[:keep])
+        parents = {r["id"]: r["parent"] for r in rows if not r["error"]}
+        for cid in list(keep_ids):
+            p = parents.get(cid)
+            while p and p not in keep_ids and p in parents:
+                keep_ids.add(p)
+                p = parents.get(p)
+        removed, freed = [], 0
+        for wl_rows in by_wl.values():
+            for r in wl_rows:
+                if r["id"] not in keep_ids:
+                    freed += self._remove(self.root / r["id"])
+                    removed.append(r["id"])
+        stale = []
+        if self.root.is_dir():
+            now = time.time()
+            for e in os.scandir(self.root):
+                if e.name.startswith((TMP_PREFIX, TRASH_PREFIX)) and e.is_dir(follow_symlinks=False) \
+                        and now - e.stat(follow_symlinks=False).st_mtime > stale_temp_s:
+                    freed += self._remove(Path(e.path))
+                    stale.append(e.name)
+        kept = [r["id"] for r in rows if r["id"] in keep_ids]
+        return GcResult(tuple(removed), tuple(kept), tuple(stale), tuple(unreadable), freed)
+
+    def retain(self, workload_id: str, keep: int) -> GcResult:
+        return self.gc(keep, workload_id=workload_id, stale_temp_s=float("inf"))
+
+    def _remove(self, d: Path) -> int:
+        """Rename out of sight first, so a reader never sees a half-deleted checkpoint."""
+        size = sum(p.lstat().st_size for _, p in _walk(d)) if d.is_dir() else 0
+        trash = d if d.name.startswith(TRASH_PREFIX) else self.root / f"{TRASH_PREFIX}{d.name.lstrip('.')}"
+        with contextlib.suppress(FileNotFoundError):
+            if trash != d:
+                os.rename(d, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        return size
+
+
+def _walk(d: Path) -> Iterator[tuple[str, Path]]:
+    """Every non-directory entry below d (links included, not followed), as (posix relative path, path)."""
+    for dirpath, dirnames, filenames in os.walk(d, followlinks=False):
+        base = Path(dirpath)
+        for name in sorted(filenames) + sorted(n for n in dirnames if (base / n).is_symlink()):
+            p = base / name
+            yield p.relative_to(d).as_posix(), p
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, str | int | float | bool) or x is None:
+        return x
+    return str(x)
