@@ -1,0 +1,557 @@
+"""Kubernetes API objects → `ClusterState`, plus what moves need and the model does not hold (owners, PDBs,
+containers, the raw pod spec): a `KubeCluster`.
+
+Mapping (documented in docs/kubernetes.md):
+- Node: GPUs = max(capacity `nvidia.com/gpu`, GFD label `nvidia.com/gpu.count`, DRA GPU devices); allocatable
+  `nvidia.com/gpu` is what the device plugin advertises (0 while it is missing, only the full GPUs on a MIG-mixed
+  node); `nvidia.com/mig-<profile>` are MIG slices; GFD labels give product, driver and CUDA; `spec.unschedulable`
+  or a NotReady condition makes the node unschedulable.
+- Pod: bound to a node (and not finished) = running, unbound `Pending` = pending. GPUs = the largest of the sum
+  over containers and any init container (requests, else limits), plus GPUs of its DRA claims.
+- ResourceQuota `requests.nvidia.com/gpu` → Quota; the autoscaler status ConfigMap → NodeGroups.
+- A Job/ReplicaSet whose pods the quota admission refused leaves no pod, only `FailedCreate ... exceeded quota`
+  events: each becomes a pending workload `namespace/kind/name` with the GPUs the event says were requested.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from types import MappingProxyType
+from typing import Any
+
+from ...core.model import (
+    MILLI,
+    ClusterState,
+    ModelError,
+    Node,
+    NodeGroup,
+    Placement,
+    Quota,
+    Request,
+    Taint,
+    TaintEffect,
+    Toleration,
+    Versions,
+    Workload,
+    WorkloadState,
+)
+from ...errors import InputError
+from .access import At
+from .autoscaler import STATUS_NAME, STATUS_NAMESPACE, GroupStatus, parse_status
+from .dra import DraInventory, read_dra
+from .dump import KubeObjects
+from .selectors import GPU_PRODUCT_LABEL, LabelSelector, node_selection
+
+GPU = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+QUOTA_KEYS = ("requests.nvidia.com/gpu", "nvidia.com/gpu")
+ANN = "gpudefrag.io/"  # annotations a workload may carry: versions and checkpoint facts
+NODE_GROUP_LABELS = (
+    "gpudefrag.io/node-group",
+    "cloud.google.com/gke-nodepool",
+    "eks.amazonaws.com/nodegroup",
+    "alpha.eksctl.io/nodegroup-name",
+    "karpenter.sh/nodepool",
+    "kubernetes.azure.com/agentpool",
+    "agentpool",
+)
+_QUOTA_REQ = re.compile(r"requested: [^\n]*?requests\.nvidia\.com/gpu=(\d+)")
+_DONE_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    kind: str
+    name: str
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What a move needs to know about a pod beyond the model: identity, owner, containers and the raw object."""
+
+    workload_id: str
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    phase: str
+    ready: bool
+    owner: Owner | None
+    priority_class: str
+    containers: tuple[str, ...]
+    raw: Mapping[str, Any]
+    scheduler_source: str = ""  # PodScheduled | FailedScheduling event | FailedCreate event
+    autoscaler_message: str = ""  # the autoscaler's NotTriggerScaleUp event, if any
+    synthetic: bool = False  # stands for pods the quota refused to create (no Pod object exists)
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return self.raw.get("metadata", {}).get("labels") or {}
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return self.raw.get("metadata", {}).get("annotations") or {}
+
+
+@dataclass(frozen=True)
+class PdbInfo:
+    namespace: str
+    name: str
+    selector: LabelSelector
+    disruptions_allowed: int
+    current_healthy: int
+    desired_healthy: int
+    expected_pods: int
+    min_available: str | None
+    max_unavailable: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def covers(self, pod: PodInfo) -> bool:
+        return pod.namespace == self.namespace and self.selector.matches(pod.labels)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.key, "disruptions_allowed": self.disruptions_allowed,
+                "current_healthy": self.current_healthy, "desired_healthy": self.desired_healthy,
+                "min_available": self.min_available, "max_unavailable": self.max_unavailable}
+
+
+@dataclass(frozen=True)
+class EventInfo:
+    namespace: str
+    kind: str
+    name: str
+    reason: str
+    message: str
+    at: float | None
+    component: str
+
+
+@dataclass(frozen=True)
+class KubeCluster:
+    """A `ClusterState` together with the Kubernetes facts moves and diagnosis need."""
+
+    state: ClusterState
+    pods: Mapping[str, PodInfo]  # workload id -> info
+    pdbs: tuple[PdbInfo, ...] = ()
+    events: tuple[EventInfo, ...] = ()
+    groups: tuple[GroupStatus, ...] = ()
+    warnings: tuple[str, ...] = ()
+    source: str = ""
+    ignored_kinds: Mapping[str, int] = field(default_factory=dict)
+
+    def pdbs_for(self, workload_id: str) -> list[PdbInfo]:
+        pod = self.pods.get(workload_id)
+        return [p for p in self.pdbs if pod is not None and p.covers(pod)]
+
+
+# ---------------------------------------------------------------------------------------------- nodes
+def _gfd_version(labels: Mapping[str, str], full: str, parts: tuple[str, ...]) -> str | None:
+    if labels.get(full):
+        return labels[full]
+    vals = [labels.get(p) for p in parts]
+    if vals[0] is None:
+        return None
+    return ".".join(v for v in vals if v is not None)
+
+
+def _node(at: At, dra: DraInventory) -> Node:
+    meta = at.obj("metadata", required=True)
+    name = meta.req_str("name")
+    labels = meta.str_map("labels")
+    spec, status = at.obj("spec"), at.obj("status")
+    cap, alloc = status.obj("capacity"), status.obj("allocatable")
+    gpu_cap = cap.count(GPU)
+    gpu_alloc = alloc.count(GPU)
+    label_count = 0
+    if "nvidia.com/gpu.count" in labels:
+        try:
+            label_count = int(labels["nvidia.com/gpu.count"])
+        except ValueError:
+            raise meta.obj("labels").error("expected an integer", "nvidia.com/gpu.count") from None
+    mig = {k[len(MIG_PREFIX):]: n for k in alloc.value if k.startswith(MIG_PREFIX) and (n := alloc.count(k))}
+    mig.update(dra.mig_by_node.get(name, {}))
+    dra_gpus = dra.gpus_by_node.get(name, 0)
+    count = max(gpu_cap or 0, label_count, gpu_alloc or 0, dra_gpus)
+    allocatable: int | None = (gpu_alloc or 0) + dra_gpus
+    if allocatable == count:
+        allocatable = None
+    taints = []
+    for t in spec.objects("taints"):
+        eff = t.req_str("effect")
+        try:
+            effect = TaintEffect(eff)
+        except ValueError:
+            raise t.error(f"unknown taint effect {eff!r}", "effect") from None
+        taints.append(Taint(t.req_str("key"), t.text("value", "") or "", effect))
+    ready = True
+    for c in status.objects("conditions"):
+        if c.text("type") == "Ready":
+            ready = c.text("status") == "True"
+    cpu = alloc.quantity("cpu")
+    mem = alloc.quantity("memory")
+    group = next((labels[k] for k in NODE_GROUP_LABELS if labels.get(k)), None)
+    model = labels.get(GPU_PRODUCT_LABEL) or dra.product_by_node.get(name)
+    return Node(
+        name=name,
+        gpu_count=count,
+        gpu_model=model,
+        gpu_allocatable=allocatable,
+        cpu_milli=int(cpu * 1000) if cpu is not None else 0,
+        memory_mib=int(mem / (1 << 20)) if mem is not None else 0,
+        driver_version=_gfd_version(labels, "nvidia.com/cuda.driver-version.full",
+                                    ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
+                                     "nvidia.com/cuda.driver.rev")),
+        cuda_version=_gfd_version(labels, "nvidia.com/cuda.runtime-version.full",
+                                  ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")),
+        cpu_arch=labels.get("kubernetes.io/arch") or status.obj("nodeInfo").text("architecture"),
+        labels=labels,
+        taints=tuple(taints),
+        schedulable=not spec.flag("unschedulable") and ready,
+        mig_devices=mig,
+        node_group=group,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- pods
+def _resources(spec: At) -> dict[str, Decimal]:
+    """Effective pod requests for the resources we model: max(sum over containers, each init container)."""
+
+    def one(c: At) -> dict[str, Decimal]:
+        res = c.obj("resources")
+        req, lim = res.obj("requests"), res.obj("limits")
+        out: dict[str, Decimal] = {}
+        for k in set(req.value) | set(lim.value):
+            if k in ("cpu", "memory", GPU) or k.startswith(MIG_PREFIX):
+                q = req.quantity(k) if k in req.value else lim.quantity(k)
+                if q is not None:
+                    out[k] = q
+        return out
+
+    total: dict[str, Decimal] = {}
+    for c in spec.objects("containers", required=True):
+        for k, v in one(c).items():
+            total[k] = total.get(k, Decimal(0)) + v
+    for c in spec.objects("initContainers"):
+        for k, v in one(c).items():
+            total[k] = max(total.get(k, Decimal(0)), v)
+    return total
+
+
+def _owner(meta: At) -> Owner | None:
+    for ref in meta.objects("ownerReferences"):
+        if ref.flag("controller"):
+            return Owner(ref.req_str("kind"), ref.req_str("name"), ref.text("uid", "") or "")
+    return None
+
+
+def _tolerations(spec: At) -> tuple[Toleration, ...]:
+    return tuple(
+        Toleration(t.text("key", "") or "", t.text("operator", "Equal") or "Equal", t.text("value", "") or "",
+                   t.text("effect", "") or "")
+        for t in spec.objects("tolerations")
+    )
+
+
+def _ann_float(ann: Mapping[str, str], key: str, at: At) -> float | None:
+    v = ann.get(ANN + key)
+    if v is None:
+        return None
+    holder = At(ann, at.source, at.path)
+    if key.endswith("-at"):
+        return holder.time(ANN + key)
+    try:
+        return float(v)
+    except ValueError:
+        raise holder.error(f"expected a number, got {v!r}", ANN + key) from None
+
+
+class _Builder:
+    def __init__(self, objs: KubeObjects, strict: bool) -> None:
+        self.objs = objs
+        self.strict = strict
+        self.warnings: list[str] = []
+        self.used: dict[str, set[int]] = {}
+
+    def warn_or_fail(self, at: At, key: str | None, message: str) -> None:
+        if self.strict:
+            raise at.error(message, key)
+        self.warnings.append(f"{at.source}: {at.path}: {message}; skipped")
+
+    def assign(self, node: Node, k: int) -> tuple[int, ...] | None:
+        """GPU indices for a running pod: usable GPUs first (Kubernetes does not publish which it holds)."""
+        taken = self.used.setdefault(node.name, set())
+        free = [g for g in range(node.gpu_count) if g not in taken]
+        usable = node.usable_gpus
+        free.sort(key=lambda g: g >= usable)
+        if len(free) < k:
+            return None
+        chosen = tuple(sorted(free[:k]))
+        taken.update(chosen)
+        return chosen
+
+
+def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = True) -> KubeCluster:
+    """Convert grouped API objects. `strict` (dumps): a pod on an unknown node or with more GPUs than its node
+    holds is an InputError; otherwise (live reads race with the cluster) it is skipped with a warning."""
+    b = _Builder(objs, strict)
+    dra = read_dra(objs.resource_slices, objs.resource_claims)
+    nodes: list[Node] = []
+    seen: dict[str, At] = {}
+    for at in objs.nodes:
+        n = _node(at, dra)
+        if n.name in seen:
+            raise at.error(f"duplicate Node {n.name!r} (also at {seen[n.name].source}: {seen[n.name].path})",
+                           "metadata")
+        seen[n.name] = at
+        nodes.append(n)
+    by_name = {n.name: n for n in nodes}
+    times: list[float] = []
+
+    # events first: pods read their scheduling messages from them
+    events = [_event(e) for e in objs.events]
+    times.extend(e.at for e in events if e.at is not None)
+    latest: dict[tuple[str, str, str], EventInfo] = {}
+    for e in events:
+        if e.reason in ("FailedScheduling", "NotTriggerScaleUp", "FailedCreate"):
+            k = (f"{e.namespace}/{e.name}", e.kind, e.reason)
+            old = latest.get(k)
+            if old is None or (e.at or 0) >= (old.at or 0):
+                latest[k] = e
+
+    # pods in creation order, so that GPU indices are assigned as the scheduler would have handed them out
+    parsed = []
+    for at in objs.pods:
+        meta = at.obj("metadata", required=True)
+        created = meta.time("creationTimestamp")
+        if created is not None:
+            times.append(created)
+        parsed.append((created if created is not None else float("inf"), meta.req_str("name"), at, meta))
+    parsed.sort(key=lambda t: (t[0], t[1]))
+    workloads: list[Workload] = []
+    infos: dict[str, PodInfo] = {}
+    owners_pending: set[tuple[str, str, str]] = set()
+    for created, _, at, meta in parsed:
+        w, info = self_pod(b, at, meta, created, by_name, dra, latest)
+        if w is None or info is None:
+            continue
+        if w.id in infos:
+            raise at.error(f"duplicate Pod {w.id!r}", "metadata")
+        workloads.append(w)
+        infos[w.id] = info
+        if info.owner and not w.is_running:
+            owners_pending.add((info.namespace, info.owner.kind, info.owner.name))
+
+    # controllers whose pods the quota refused: pending workloads of their own
+    for (key, kind, reason), e in sorted(latest.items()):
+        if reason != "FailedCreate" or "exceeded quota" not in e.message:
+            continue
+        m = _QUOTA_REQ.search(e.message)
+        if not m or (e.namespace, kind, e.name) in owners_pending:
+            continue
+        wid = f"{e.namespace}/{kind.lower()}/{e.name}"
+        if wid in infos:
+            continue
+        workloads.append(Workload(id=wid, request=Request(gpus_per_node=int(m.group(1))),
+                                  state=WorkloadState.PENDING, name=e.name, namespace=e.namespace,
+                                  submitted_at=e.at, scheduler_reason=e.message))
+        infos[wid] = PodInfo(wid, e.namespace, e.name, "", None, "NotCreated", False, Owner(kind, e.name), "",
+                             (), MappingProxyType({}), "FailedCreate event", synthetic=True)
+
+    quotas = [q for at in objs.quotas if (q := _quota(at)) is not None]
+    pdbs = tuple(_pdb(at) for at in objs.pdbs)
+    groups, group_warn = _groups(objs.configmaps)
+    b.warnings.extend(group_warn)
+    node_groups = _node_groups(groups, nodes)
+    try:
+        state = ClusterState.build(nodes, workloads, quotas=quotas, node_groups=node_groups,
+                                   now=now if now is not None else max(times, default=0.0),
+                                   name=objs.source)
+    except ModelError as e:
+        raise InputError(objs.source, e.path, e.message) from None
+    return KubeCluster(state, MappingProxyType(infos), pdbs, tuple(events), tuple(groups), tuple(b.warnings),
+                       objs.source, MappingProxyType(dict(objs.ignored)))
+
+
+def self_pod(
+    b: _Builder, at: At, meta: At, created: float, nodes: Mapping[str, Node], dra: DraInventory,
+    latest: Mapping[tuple[str, str, str], EventInfo],
+) -> tuple[Workload | None, PodInfo | None]:
+    """One Pod → (Workload, PodInfo); (None, None) for finished pods or ones skipped with a warning."""
+    name = meta.req_str("name")
+    ns = meta.text("namespace") or "default"
+    spec, status = at.obj("spec", required=True), at.obj("status")
+    phase = status.text("phase") or "Pending"
+    if phase in _DONE_PHASES:
+        return None, None
+    res = _resources(spec)
+    gpus_dec = res.get(GPU, Decimal(0))
+    if gpus_dec != gpus_dec.to_integral_value():
+        raise spec.error(f"a pod's {GPU} request must be a whole number, got {gpus_dec}", "containers")
+    gpus = int(gpus_dec)
+    for c in spec.objects("resourceClaims"):
+        claim = c.text("resourceClaimName")
+        if claim is None:
+            for s in status.objects("resourceClaimStatuses"):
+                if s.text("name") == c.text("name"):
+                    claim = s.text("resourceClaimName")
+        if claim:
+            gpus += dra.claim_gpus.get((ns, claim), 0)
+    mig = sorted(k[len(MIG_PREFIX):] for k, v in res.items() if k.startswith(MIG_PREFIX) and v > 0)
+    sel = node_selection(spec)
+    cpu, mem = res.get("cpu"), res.get("memory")
+    request = Request(
+        gpus_per_node=gpus,
+        gpu_milli=MILLI,
+        cpu_milli=int(cpu * 1000) if cpu is not None else 0,
+        memory_mib=int(mem / (1 << 20)) if mem is not None else 0,
+        gpu_models=sel.gpu_models,
+        node_selector=sel.selector,
+        tolerations=_tolerations(spec),
+        mig_profile=mig[0] if mig else None,
+    )
+    node_name = spec.text("nodeName")
+    wid = f"{ns}/{name}"
+    ann = meta.str_map("annotations")
+    labels = meta.str_map("labels")
+    placements: tuple[Placement, ...] = ()
+    versions = Versions(engine=ann.get(ANN + "engine"), model=ann.get(ANN + "model"),
+                        checkpointer=ann.get(ANN + "checkpointer"))
+    if node_name:
+        node = nodes.get(node_name)
+        if node is None:
+            b.warn_or_fail(spec, "nodeName", f"pod {wid} is bound to node {node_name!r}, which the dump does not hold")
+            return None, None
+        idx = b.assign(node, gpus)
+        if idx is None:
+            b.warn_or_fail(spec, "nodeName", f"pod {wid} holds {gpus} GPU(s) on {node_name!r}, which has no room "
+                           f"left for them ({node.gpu_count} GPUs)")
+            return None, None
+        placements = (Placement(node_name, idx),)
+        versions = Versions(gpu_model=node.gpu_model, gpu_count=gpus or None, driver=node.driver_version,
+                            cuda=node.cuda_version, cpu_arch=node.cpu_arch, engine=versions.engine,
+                            model=versions.model, checkpointer=versions.checkpointer)
+    reason, source = "", ""
+    for c in status.objects("conditions"):
+        if c.text("type") == "PodScheduled" and c.text("status") == "False":
+            reason, source = c.text("message") or c.text("reason") or "", "PodScheduled"
+    if not node_name and not reason:
+        ev = latest.get((wid, "Pod", "FailedScheduling"))
+        if ev:
+            reason, source = ev.message, "FailedScheduling event"
+    auto = latest.get((wid, "Pod", "NotTriggerScaleUp"))
+    ready = any(c.text("type") == "Ready" and c.text("status") == "True" for c in status.objects("conditions"))
+    containers = tuple(c.req_str("name") for c in spec.objects("containers"))
+    w = Workload(
+        id=wid,
+        request=request,
+        state=WorkloadState.RUNNING if node_name else WorkloadState.PENDING,
+        name=name,
+        namespace=ns,
+        user=ann.get(ANN + "user", ""),
+        priority=spec.integer("priority", 0) or 0,
+        labels=labels,
+        placements=placements,
+        checkpoint_bytes=int(_ann_float(ann, "checkpoint-bytes", meta.obj("annotations")) or 0),
+        last_checkpoint_at=_ann_float(ann, "last-checkpoint-at", meta.obj("annotations")),
+        submitted_at=None if created == float("inf") else created,
+        started_at=status.time("startTime"),
+        versions=versions,
+        scheduler_reason=reason,
+    )
+    info = PodInfo(wid, ns, name, meta.text("uid", "") or "", node_name, phase, ready, _owner(meta),
+                   spec.text("priorityClassName", "") or "", containers, MappingProxyType(at.value), source,
+                   auto.message if auto and not node_name else "")
+    return w, info
+
+
+# ---------------------------------------------------------------------------------------------- the rest
+def _event(at: At) -> EventInfo:
+    obj = at.obj("involvedObject") if "involvedObject" in at.value else at.obj("regarding")
+    meta = at.obj("metadata")
+    when = (at.time("lastTimestamp") or at.time("eventTime") or at.time("deprecatedLastTimestamp")
+            or at.time("firstTimestamp") or meta.time("creationTimestamp"))
+    comp = at.obj("source").text("component") or at.text("reportingComponent") or at.text("reportingController")
+    return EventInfo(
+        namespace=obj.text("namespace") or meta.text("namespace") or "default",
+        kind=obj.text("kind") or "",
+        name=obj.text("name") or "",
+        reason=at.text("reason") or "",
+        message=at.text("message") or at.text("note") or "",
+        at=when,
+        component=comp or "",
+    )
+
+
+def _quota(at: At) -> Quota | None:
+    meta = at.obj("metadata", required=True)
+    hard, used = at.obj("spec").obj("hard"), at.obj("status").obj("used")
+    for k in QUOTA_KEYS:
+        if k in hard.value:
+            limit = hard.count(k)
+            assert limit is not None
+            return Quota(meta.text("namespace") or "default", limit, used.count(k) if k in used.value else None)
+    return None
+
+
+def _pdb(at: At) -> PdbInfo:
+    meta = at.obj("metadata", required=True)
+    spec, status = at.obj("spec"), at.obj("status")
+
+    def intstr(key: str) -> str | None:
+        v = spec.value.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | str):
+            raise spec.error("expected an integer or a percentage", key)
+        return str(v)
+
+    return PdbInfo(
+        namespace=meta.text("namespace") or "default",
+        name=meta.req_str("name"),
+        selector=LabelSelector.parse(spec.obj("selector")),
+        disruptions_allowed=status.integer("disruptionsAllowed", 0) or 0,
+        current_healthy=status.integer("currentHealthy", 0) or 0,
+        desired_healthy=status.integer("desiredHealthy", 0) or 0,
+        expected_pods=status.integer("expectedPods", 0) or 0,
+        min_available=intstr("minAvailable"),
+        max_unavailable=intstr("maxUnavailable"),
+    )
+
+
+def _groups(configmaps: list[At]) -> tuple[list[GroupStatus], list[str]]:
+    for cm in configmaps:
+        meta = cm.obj("metadata")
+        if meta.text("name") != STATUS_NAME or (meta.text("namespace") or STATUS_NAMESPACE) != STATUS_NAMESPACE:
+            continue
+        text = cm.obj("data").text("status") or ""
+        groups = parse_status(text)
+        if groups is None:
+            return [], [f"{cm.source}: {cm.path}.data.status: not a cluster-autoscaler status; node groups unknown"]
+        return groups, []
+    return [], []
+
+
+def _node_groups(groups: list[GroupStatus], nodes: list[Node]) -> list[NodeGroup]:
+    """Join autoscaler groups with the nodes that belong to them (by node-pool label: equal, or contained in the
+    group's name, as cloud providers prefix it) to learn each group's GPU model and GPUs per node."""
+    out = []
+    for g in groups:
+        members = [n for n in nodes if n.node_group and (n.node_group == g.name or n.node_group in g.name)]
+        gpu_nodes = [n for n in members if n.gpu_count]
+        models = sorted({n.gpu_model for n in gpu_nodes if n.gpu_model})
+        out.append(NodeGroup(g.name, g.current, g.maximum, models[0] if len(models) == 1 else None,
+                             max((n.gpu_count for n in gpu_nodes), default=0)))
+    return out
+
+
+def as_dict_info(info: PodInfo) -> dict[str, object]:
+    return {"workload": info.workload_id, "node": info.node, "phase": info.phase, "ready": info.ready,
+            "owner": f"{info.owner.kind}/{info.owner.name}" if info.owner else None,
+            "priority_class": info.priority_class, "containers": list(info.containers)}
