@@ -1,0 +1,498 @@
+"""Placement policies: where the next pod lands, chosen with NumPy over every node at once.
+
+The six policies of Weng et al. (ATC '23) as their released simulator implements them (random, dotproduct,
+gpuclustering, gpupacking, bestfit, fgd), plus the operators' everyday first-fit and spread. Each policy scores
+the nodes a pod fits on, keeps the best integer score (the Kubernetes scheduler framework's 0–100 scale, so the
+same ties arise) and breaks ties uniformly at random among the best nodes, as kube-scheduler's selectHost does.
+A GPU-sharing pod (one GPU, share < 1000 milli) also gets a GPU inside the node: the policy's own choice for FGD
+(least fragmentation) and random (any fitting GPU), best fit (the fullest GPU that fits) for the others.
+Whole-GPU pods take the first wholly free GPUs by index.
+
+`Cluster` holds the mutable arrays the policies read (free milli-GPU per GPU, free CPU and memory, GPU model,
+pod tags per node for GPU clustering, and the FGD per-shape caches); `Cluster.place` / `Cluster.remove` keep
+them consistent. The static and dynamic simulators and the live engines share this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .fragmentation import TaskShape, WorkloadMix
+from .model import MILLI, ClusterState, Request
+
+MAX_SPEC_CPU = 128_000  # milli-cores: the normaliser of the authors' dot-product and best-fit scores
+MAX_SPEC_GPU = 8_000  # milli-GPU: likewise (an 8-GPU node)
+MAX_SCORE = 100
+N_TAGS = 9  # GPU-clustering tags: 0 = share-gpu, k = k-gpu (1..8)
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """What one pod asks of one node: `num_gpu` GPUs of `gpu_milli` each (sharing when < 1000, one GPU)."""
+
+    num_gpu: int
+    gpu_milli: int = MILLI
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_models: tuple[str, ...] = ()
+
+    @property
+    def is_sharing(self) -> bool:
+        return self.num_gpu == 1 and self.gpu_milli < MILLI
+
+    @property
+    def gpu_total(self) -> int:
+        """Milli-GPU asked for in all."""
+        return self.num_gpu * self.gpu_milli if self.num_gpu else 0
+
+    @property
+    def tag(self) -> int:
+        """GPU-clustering tag index; -1 for a CPU-only pod."""
+        if self.num_gpu == 0:
+            return -1
+        return 0 if self.is_sharing else min(self.num_gpu, N_TAGS - 1)
+
+    def shape(self) -> TaskShape:
+        return TaskShape(self.num_gpu, self.gpu_milli if self.num_gpu else 0, self.cpu_milli, self.gpu_models)
+
+    @staticmethod
+    def of(request: Request) -> Pod:
+        return Pod(request.gpus_per_node, request.gpu_milli, request.cpu_milli, request.memory_mib, request.gpu_models)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    node: int
+    gpus: tuple[int, ...]
+
+
+@dataclass
+class Cluster:
+    """Mutable per-node arrays (index i = node i). `free` is nodes × max GPUs in milli-GPU, -1 = no such GPU."""
+
+    names: tuple[str, ...]
+    models: tuple[str | None, ...]
+    free: np.ndarray
+    cpu_free: np.ndarray
+    mem_free: np.ndarray
+    cpu_cap: np.ndarray
+    mix: WorkloadMix | None = None
+    rank: np.ndarray | None = None  # tie-break order of the nodes (lowest first); None = uniformly at random
+    tags: np.ndarray = field(init=False)
+    _model_masks: dict[tuple[str, ...], np.ndarray] = field(init=False, default_factory=dict)
+    _fgd: _FgdCache | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.free = np.asarray(self.free, dtype=np.int32).copy()
+        self.cpu_free = np.asarray(self.cpu_free, dtype=np.int64).copy()
+        self.mem_free = np.asarray(self.mem_free, dtype=np.int64).copy()
+        self.cpu_cap = np.asarray(self.cpu_cap, dtype=np.int64).copy()
+        self.tags = np.zeros((len(self.names), N_TAGS), dtype=np.int32)
+        self.gpu_count = (self.free >= 0).sum(axis=1).astype(np.int32)
+
+    # ------------------------------------------------------------------------------------ construction
+    @staticmethod
+    def build(
+        names: Sequence[str],
+        gpu_counts: Sequence[int],
+        models: Sequence[str | None],
+        cpu_milli: Sequence[int],
+        memory_mib: Sequence[int],
+        mix: WorkloadMix | None = None,
+    ) -> Cluster:
+        """An empty cluster. A CPU or memory capacity of 0 means 'not tracked' (never a limit)."""
+        counts = np.asarray(gpu_counts, dtype=np.int32)
+        g = max(int(counts.max(initial=0)), 1)
+        free = np.where(np.arange(g)[None, :] < counts[:, None], MILLI, -1)
+        big = np.iinfo(np.int64).max // 4
+        cpu = np.asarray(cpu_milli, dtype=np.int64)
+        mem = np.asarray(memory_mib, dtype=np.int64)
+        return Cluster(
+            tuple(names), tuple(models), free,
+            np.where(cpu > 0, cpu, big), np.where(mem > 0, mem, big), np.where(cpu > 0, cpu, big), mix,
+        )
+
+    @staticmethod
+    def from_state(state: ClusterState, mix: WorkloadMix | None = None) -> Cluster:
+        """The arrays of a snapshot, running workloads included (unschedulable nodes get no free GPU)."""
+        free = np.where(state.schedulable_mask[:, None] | (state.free_milli < 0), state.free_milli, 0)
+        cpu_cap = np.fromiter((n.cpu_milli for n in state.nodes), dtype=np.int64, count=len(state.nodes))
+        cl = Cluster(
+            tuple(n.name for n in state.nodes), tuple(n.gpu_model for n in state.nodes), free,
+            state.cpu_free, state.mem_free, np.where(cpu_cap > 0, cpu_cap, np.iinfo(np.int64).max // 4), mix,
+        )
+        idx = state.node_index
+        for w in state.running:
+            tag = Pod.of(w.request).tag
+            if tag >= 0:
+                for p in w.placements:
+                    cl.tags[idx[p.node], tag] += 1
+        return cl
+
+    def copy(self) -> Cluster:
+        c = Cluster(self.names, self.models, self.free, self.cpu_free, self.mem_free, self.cpu_cap, self.mix,
+                    None if self.rank is None else self.rank.copy())
+        c.tags = self.tags.copy()
+        c._model_masks = self._model_masks
+        return c
+
+    # ------------------------------------------------------------------------------------ queries
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def model_mask(self, models: tuple[str, ...]) -> np.ndarray:
+        m = self._model_masks.get(models)
+        if m is None:
+            if models:
+                allowed = set(models)
+                m = np.fromiter((x in allowed for x in self.models), dtype=bool, count=self.n)
+            else:
+                m = np.ones(self.n, dtype=bool)
+            self._model_masks[models] = m
+        return m
+
+    def fits(self, pod: Pod) -> np.ndarray:
+        """Nodes where the pod can be placed now: GPU model, CPU, memory and enough GPUs with the share free."""
+        ok = (self.cpu_free >= pod.cpu_milli) & (self.mem_free >= pod.memory_mib)
+        if pod.num_gpu > 0:
+            ok &= self.model_mask(pod.gpu_models)
+            ok &= (self.free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
+        return ok
+
+    @property
+    def gpu_left(self) -> np.ndarray:
+        """Total free milli-GPU per node."""
+        return np.where(self.free > 0, self.free, 0).sum(axis=1)
+
+    @property
+    def capacity_milli(self) -> int:
+        return int(self.gpu_count.sum()) * MILLI
+
+    @property
+    def allocated_milli(self) -> int:
+        return self.capacity_milli - int(self.gpu_left.sum())
+
+    def fragmentation(self) -> np.ndarray:
+        """F_n(M) per node in milli-GPU for the cluster's workload mix."""
+        return self._fgd_cache().frag.copy()
+
+    # ------------------------------------------------------------------------------------ mutation
+    def place(self, pod: Pod, choice: Choice) -> None:
+        i = choice.node
+        if len(choice.gpus) != pod.num_gpu:
+            raise ValueError(f"pod asks for {pod.num_gpu} GPUs, choice gives {len(choice.gpus)}")
+        for g in choice.gpus:
+            if self.free[i, g] < pod.gpu_milli:
+                raise ValueError(f"GPU {g} of node {self.names[i]} has {self.free[i, g]} milli free, "
+                                 f"pod needs {pod.gpu_milli}")
+        if self.cpu_free[i] < pod.cpu_milli or self.mem_free[i] < pod.memory_mib:
+            raise ValueError(f"node {self.names[i]} lacks CPU or memory for the pod")
+        for g in choice.gpus:
+            self.free[i, g] -= pod.gpu_milli
+        self.cpu_free[i] -= pod.cpu_milli
+        self.mem_free[i] -= pod.memory_mib
+        if pod.tag >= 0:
+            self.tags[i, pod.tag] += 1
+        self._touch(i)
+
+    def remove(self, pod: Pod, choice: Choice) -> None:
+        """Undo `place` (a pod leaves, is moved away or evicted)."""
+        i = choice.node
+        for g in choice.gpus:
+            if self.free[i, g] + pod.gpu_milli > MILLI:
+                raise ValueError(f"GPU {g} of node {self.names[i]} would exceed a whole GPU")
+            self.free[i, g] += pod.gpu_milli
+        self.cpu_free[i] += pod.cpu_milli
+        self.mem_free[i] += pod.memory_mib
+        if pod.tag >= 0:
+            self.tags[i, pod.tag] -= 1
+        self._touch(i)
+
+    def _touch(self, i: int) -> None:
+        if self._fgd is not None:
+            self._fgd.refresh(self, np.array([i]))
+
+    def _fgd_cache(self) -> _FgdCache:
+        if self._fgd is None:
+            if self.mix is None:
+                raise ValueError("the FGD measure needs a workload mix (Cluster.mix)")
+            self._fgd = _FgdCache(self, self.mix)
+        return self._fgd
+
+
+# ---------------------------------------------------------------------------------------------- FGD
+class _FgdCache:
+    """Per node and mix shape: GPUs with enough share free, the too-small free pieces, and F_n(M).
+
+    Placing a pod changes one node, so only that row is recomputed; a candidate placement is evaluated in O(M)
+    from the row (no copy of the node), for every candidate node and GPU at once.
+    """
+
+    def __init__(self, cl: Cluster, mix: WorkloadMix) -> None:
+        shapes = mix.shapes
+        self.k = np.array([s.num_gpu for s in shapes], dtype=np.int64)
+        self.d = np.array([min(s.gpu_milli, MILLI) if s.num_gpu else 0 for s in shapes], dtype=np.int64)
+        self.c = np.array([s.cpu_milli for s in shapes], dtype=np.int64)
+        self.p = np.array(mix.weights, dtype=np.float64)
+        self.gpu_task = self.k > 0
+        self.allowed = np.stack([cl.model_mask(s.gpu_models) for s in shapes], axis=1)  # N × M
+        n, m = cl.n, len(shapes)
+        self.cnt = np.zeros((n, m), dtype=np.int64)
+        self.small = np.zeros((n, m), dtype=np.int64)
+        self.frag = np.zeros(n, dtype=np.float64)
+        self.refresh(cl, np.arange(n))
+
+    def refresh(self, cl: Cluster, rows: np.ndarray) -> None:
+        f = cl.free[rows].astype(np.int64)[:, :, None]  # R × G × 1
+        d = self.d[None, None, :]
+        self.cnt[rows] = ((f >= d) & (f >= 0)).sum(axis=1)
+        self.small[rows] = np.where((f >= 0) & (f < d), f, 0).sum(axis=1)
+        total = np.where(cl.free[rows] > 0, cl.free[rows], 0).sum(axis=1).astype(np.int64)
+        self.frag[rows] = self._frag(rows, self.cnt[rows], self.small[rows], total, cl.cpu_free[rows])
+
+    def _frag(self, rows: np.ndarray, cnt: np.ndarray, small: np.ndarray, total: np.ndarray,
+              cpu: np.ndarray) -> np.ndarray:
+        fits = self.allowed[rows] & (cpu[:, None] >= self.c[None, :]) & (cnt >= self.k[None, :]) & self.gpu_task
+        per = np.where(fits, small, total[:, None])
+        return per.astype(np.float64) @ self.p
+
+    def after(self, cl: Cluster, rows: np.ndarray, f_old: np.ndarray, pod: Pod) -> np.ndarray:
+        """F_n(M) after placing `pod` on node rows[i] using `num_gpu` GPUs that each had f_old[i] free."""
+        k = pod.num_gpu
+        d = self.d[None, :]
+        fo = f_old.astype(np.int64)[:, None]
+        fn = fo - pod.gpu_milli if k else fo
+        cnt = self.cnt[rows] + k * (((fn >= d).astype(np.int64)) - (fo >= d))
+        small = self.small[rows] + k * (np.where(fn < d, fn, 0) - np.where(fo < d, fo, 0))
+        total = np.where(cl.free[rows] > 0, cl.free[rows], 0).sum(axis=1).astype(np.int64) - pod.gpu_total
+        return self._frag(rows, cnt, small, total, cl.cpu_free[rows] - pod.cpu_milli)
+
+
+def fgd_score(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """The authors' integer node score: int(100 · sigmoid((F_n − F_n')/1000)), F in milli-GPU."""
+    x = np.clip((before - after) / 1000.0, -50, 50)
+    return np.floor(MAX_SCORE / (1.0 + np.exp(-x)) + 1e-9).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _pick(nodes: np.ndarray, scores: np.ndarray, rng: np.random.Generator, rank: np.ndarray | None = None) -> int:
+    """The best-scored node; ties go to the lowest `rank` when given, else uniformly at random."""
+    best = np.flatnonzero(scores == scores.max())
+    if len(best) == 1:
+        return int(nodes[best[0]])
+    if rank is not None:
+        return int(nodes[best[np.argmin(rank[nodes[best]])]])
+    return int(nodes[best[rng.integers(len(best))]])
+
+
+def exclusive_gpus(cl: Cluster, node: int, k: int) -> tuple[int, ...]:
+    """The first k wholly free GPUs by index."""
+    return tuple(int(g) for g in np.flatnonzero(cl.free[node] == MILLI)[:k])
+
+
+def best_fit_gpu(cl: Cluster, node: int, milli: int) -> int:
+    """The GPU with the least free share that still fits (first by index among equals)."""
+    row = cl.free[node]
+    cand = np.where(row >= milli, row, MILLI + 1)
+    return int(np.argmin(cand))
+
+
+def gpus_for(cl: Cluster, node: int, pod: Pod, how: str, rng: np.random.Generator) -> tuple[int, ...]:
+    if pod.num_gpu == 0:
+        return ()
+    if not pod.is_sharing:
+        return exclusive_gpus(cl, node, pod.num_gpu)
+    if how == "random":
+        fitting = np.flatnonzero(cl.free[node] >= pod.gpu_milli)
+        return (int(fitting[rng.integers(len(fitting))]),)
+    return (best_fit_gpu(cl, node, pod.gpu_milli),)
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(self, cl: Cluster, pod: Pod, rng: np.random.Generator) -> Choice | None: ...
+
+
+class _Scored:
+    """A policy that gives every fitting node an integer score; the highest wins, ties at random."""
+
+    name = "scored"
+    gpu_choice = "best"
+
+    def scores(self, cl: Cluster, pod: Pod, nodes: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def choose(self, cl: Cluster, pod: Pod, rng: np.random.Generator) -> Choice | None:
+        nodes = np.flatnonzero(cl.fits(pod))
+        if len(nodes) == 0:
+            return None
+        node = _pick(nodes, self.scores(cl, pod, nodes), rng, cl.rank)
+        return Choice(node, gpus_for(cl, node, pod, self.gpu_choice, rng))
+
+
+class RandomPolicy:
+    """Any fitting node, any fitting GPU, uniformly at random."""
+
+    name = "random"
+
+    def choose(self, cl: Cluster, pod: Pod, rng: np.random.Generator) -> Choice | None:
+        nodes = np.flatnonzero(cl.fits(pod))
+        if len(nodes) == 0:
+            return None
+        node = int(nodes[rng.integers(len(nodes))])
+        return Choice(node, gpus_for(cl, node, pod, "random", rng))
+
+
+class DotProductPolicy(_Scored):
+    """Tetris alignment: the smallest dot product of (free CPU, free GPU) and the request, both over the max
+    node spec; score int(100 · (1 − dot/2))."""
+
+    name = "dotproduct"
+
+    def scores(self, cl: Cluster, pod: Pod, nodes: np.ndarray) -> np.ndarray:
+        dot = (cl.cpu_free[nodes] / MAX_SPEC_CPU) * (pod.cpu_milli / MAX_SPEC_CPU)
+        dot = dot + (cl.gpu_left[nodes] / MAX_SPEC_GPU) * (pod.gpu_total / MAX_SPEC_GPU)
+        return np.floor(MAX_SCORE * (1.0 - dot / 2.0) + 1e-9).astype(np.int64)
+
+
+class BestFitPolicy(_Scored):
+    """The least leftover: 0.5 · (free CPU − c)/128 cores + 0.5 · (free GPU − request)/8 GPUs."""
+
+    name = "bestfit"
+
+    def scores(self, cl: Cluster, pod: Pod, nodes: np.ndarray) -> np.ndarray:
+        left = 0.5 * (cl.cpu_free[nodes] - pod.cpu_milli) / MAX_SPEC_CPU
+        left = left + 0.5 * (cl.gpu_left[nodes] - pod.gpu_total) / MAX_SPEC_GPU
+        return np.floor((1.0 - left) * MAX_SCORE + 1e-9).astype(np.int64)
+
+
+class GpuPackingPolicy(_Scored):
+    """Three bands: fit on partly used GPUs (fuller is better), else break fresh GPUs on a used node (fewer is
+    better), else an idle node (smaller is better). CPU-only pods score 0 everywhere."""
+
+    name = "gpupacking"
+
+    def scores(self, cl: Cluster, pod: Pod, nodes: np.ndarray) -> np.ndarray:
+        if pod.num_gpu == 0:
+            return np.zeros(len(nodes), dtype=np.int64)
+        free = cl.free[nodes].astype(np.int64)
+        whole = (free == MILLI).sum(axis=1)
+        idle = whole == cl.gpu_count[nodes]
+        s_idle = np.maximum(MAX_SCORE // 3 - whole, whole)
+        if pod.is_sharing:
+            # the single GPU used is the least-free one that fits
+            cand = np.where(free >= pod.gpu_milli, free, MILLI + 1)
+            left = cand.min(axis=1)
+            s_used = np.where(left == MILLI, MAX_SCORE // 2 - 1,
+                              np.maximum(MAX_SCORE - (left * 100 // MILLI) // 10, MAX_SCORE // 2))
+        else:
+            s_used = np.full(len(nodes), max(MAX_SCORE // 2 - pod.num_gpu, MAX_SCORE // 3), dtype=np.int64)
+        return np.where(idle, s_idle, s_used)
+
+
+class GpuClusteringPolicy(_Scored):
+    """Pods of one kind together: nodes running only this pod's tag, then mixed nodes with it, then empty
+    nodes, then nodes with only other tags; within a band, fuller nodes first."""
+
+    name = "gpuclustering"
+
+    def scores(self, cl: Cluster, pod: Pod, nodes: np.ndarray) -> np.ndarray:
+        if pod.tag < 0:
+            return np.zeros(len(nodes), dtype=np.int64)
+        tags = cl.tags[nodes]
+        kinds = (tags > 0).sum(axis=1)
+        mine = tags[:, pod.tag] > 0
+        band = np.where(mine, np.where(kinds == 1, 75, 50), np.where(kinds == 0, 25, 0))
+        fill = (MAX_SCORE // 4) * (MAX_SPEC_GPU - cl.gpu_left[nodes].astype(np.int64)) // MAX_SPEC_GPU
+        return fill + band
+
+
+class FirstFitPolicy:
+    """The first fitting node by index; GPUs best fit."""
+
+    name = "firstfit"
+
+    def choose(self, cl: Cluster, pod: Pod, rng: np.random.Generator) -> Choice | None:
+        nodes = np.flatnonzero(cl.fits(pod))
+        if len(nodes) == 0:
+            return None
+        node = int(nodes[0])
+        return Choice(node, gpus_for(cl, node, pod, "best", rng))
+
+
+class SpreadPolicy(_Scored):
+    """The node with the most free GPU (then CPU): spreads load, the opposite of packing."""
+
+    name = "spread"
+
+    def scores(self, cl: Cluster, pod: Pod, nodes: np.ndarray) -> np.ndarray:
+        return cl.gpu_left[nodes].astype(np.int64) * MAX_SPEC_CPU * 2 + cl.cpu_free[nodes] // 1
+
+    def choose(self, cl: Cluster, pod: Pod, rng: np.random.Generator) -> Choice | None:
+        nodes = np.flatnonzero(cl.fits(pod))
+        if len(nodes) == 0:
+            return None
+        node = _pick(nodes, self.scores(cl, pod, nodes), rng, cl.rank)
+        if pod.is_sharing:  # the emptiest GPU, the opposite of best fit
+            return Choice(node, (int(np.argmax(cl.free[node])),))
+        return Choice(node, gpus_for(cl, node, pod, "best", rng))
+
+
+class FgdPolicy:
+    """Fragmentation gradient descent: the node (and, for a sharing pod, the GPU) whose placement increases the
+    expected fragmentation F_n(M) the least; needs `Cluster.mix`."""
+
+    name = "fgd"
+
+    def choose(self, cl: Cluster, pod: Pod, rng: np.random.Generator) -> Choice | None:
+        nodes = np.flatnonzero(cl.fits(pod))
+        if len(nodes) == 0:
+            return None
+        cache = cl._fgd_cache()
+        if not pod.is_sharing:
+            f_old = np.full(len(nodes), MILLI if pod.num_gpu else 0, dtype=np.int64)
+            score = fgd_score(cache.frag[nodes], cache.after(cl, nodes, f_old, pod))
+            node = _pick(nodes, score, rng, cl.rank)
+            return Choice(node, exclusive_gpus(cl, node, pod.num_gpu))
+        # candidate (node, GPU) pairs: each distinct free value once per node, at its first GPU index
+        free = cl.free[nodes]
+        g = free.shape[1]
+        same_before = (free[:, :, None] == free[:, None, :]) & np.tril(np.ones((g, g), dtype=bool), -1)[None]
+        first = ~same_before.any(axis=2)
+        rows, gpus = np.nonzero(first & (free >= pod.gpu_milli))
+        cand_nodes = nodes[rows]
+        score = fgd_score(cache.frag[cand_nodes], cache.after(cl, cand_nodes, free[rows, gpus], pod))
+        # per node: best score, then the lowest GPU index; then the best node, ties at random
+        order = np.lexsort((gpus, -score, rows))
+        head = order[np.r_[True, rows[order][1:] != rows[order][:-1]]]
+        best = head[score[head] == score[head].max()]
+        if len(best) == 1:
+            pick = best[0]
+        elif cl.rank is not None:
+            pick = best[np.argmin(cl.rank[cand_nodes[best]])]
+        else:
+            pick = best[rng.integers(len(best))]
+        return Choice(int(cand_nodes[pick]), (int(gpus[pick]),))
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        RandomPolicy(), DotProductPolicy(), GpuClusteringPolicy(), GpuPackingPolicy(), BestFitPolicy(),
+        FgdPolicy(), FirstFitPolicy(), SpreadPolicy(),
+    )
+}
+FGD_STUDY_POLICIES = ("random", "dotproduct", "gpuclustering", "gpupacking", "bestfit", "fgd")
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown placement policy {name!r}; choose from {', '.join(POLICIES)}") from None

@@ -1,0 +1,121 @@
+"""Experiments: many (policy, seed) replays in parallel processes, medians, and the authors' numbers beside.
+
+A worker process loads the trace once (cached per process) and runs the replays it is given; results come
+back as plain arrays. The authors' cached results (`fgd-expected-results/analysis_allo_discrete.csv`, shipped
+with the trace, not with the product) are read when present.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..core.placement import FGD_STUDY_POLICIES
+from .replay import CURVE_MAX, ReplayResult, build_workload, replay
+from .trace import Trace, load_trace
+
+AUTHOR_NAMES = {
+    "01-Random": "random", "02-DotProd": "dotproduct", "03-GpuClustering": "gpuclustering",
+    "04-GpuPacking": "gpupacking", "05-BestFit": "bestfit", "06-FGD": "fgd",
+}
+PAPER_AT_100 = {"random": 13.75, "dotproduct": 9.45, "gpuclustering": 8.42, "gpupacking": 8.20,
+                "bestfit": 7.09, "fgd": 4.77}
+DEFAULT_SEEDS = tuple(range(42, 52))
+
+
+@dataclass(frozen=True)
+class StaticRun:
+    """One static replay to run: which trace, policy, seed, tune, and whether to defragment."""
+
+    nodes: str
+    pods: str
+    policy: str
+    seed: int
+    tune: float = 1.3
+    defrag: str = "none"  # "none" | "migrate" | "evict"
+    max_moves: int = 8
+
+
+@lru_cache(maxsize=4)
+def _trace(nodes: str, pods: str) -> Trace:
+    return load_trace(nodes, pods)
+
+
+def run_one(run: StaticRun) -> ReplayResult:
+    trace = _trace(run.nodes, run.pods)
+    cluster = trace.cluster()
+    workload = build_workload([p.pod for p in trace.pods], cluster.capacity_milli, run.seed, run.tune)
+    defrag = None
+    if run.defrag != "none":
+        from .defrag import make_defragmenter
+
+        defrag = make_defragmenter(run.defrag, max_moves=run.max_moves)
+    result = replay(cluster, workload, run.policy, seed=run.seed, tune=run.tune, defrag=defrag)
+    if run.defrag != "none":
+        result.policy = f"{run.policy}+{run.defrag}"
+    return result
+
+
+def run_many(
+    runs: Sequence[StaticRun],
+    workers: int | None = None,
+    on_done: Callable[[StaticRun, ReplayResult], None] | None = None,
+) -> list[ReplayResult]:
+    """Run the replays in `workers` processes (default: the CPU count); results in the order of `runs`."""
+    workers = max(1, min(workers or os.cpu_count() or 1, len(runs)))
+    results: list[ReplayResult | None] = [None] * len(runs)
+    if workers == 1:
+        for i, r in enumerate(runs):
+            results[i] = run_one(r)
+            if on_done:
+                on_done(r, results[i])  # type: ignore[arg-type]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futs = {pool.submit(run_one, r): i for i, r in enumerate(runs)}
+            for fut in as_completed(futs):
+                i = futs[fut]
+                results[i] = fut.result()
+                if on_done:
+                    on_done(runs[i], results[i])  # type: ignore[arg-type]
+    return [r for r in results if r is not None]
+
+
+def median_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:
+    """Per policy: the median over seeds of the unallocated-GPU % curve (index = arrived %)."""
+    by: dict[str, list[np.ndarray]] = {}
+    for r in results:
+        by.setdefault(r.policy, []).append(r.unallocated_curve)
+    return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
+
+
+def author_curves(trace_dir: str | os.PathLike[str], workload: str = "openb_pod_list_default") -> dict[str, np.ndarray]:
+    """The authors' median unallocated-GPU % curves, if their cached results sit beside the trace."""
+    path = Path(trace_dir) / "fgd-expected-results" / "analysis_allo_discrete.csv"
+    if not path.is_file():
+        return {}
+    by: dict[str, list[np.ndarray]] = {}
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            if row.get("workload") != workload:
+                continue
+            name = AUTHOR_NAMES.get(row.get("sc_policy", ""))
+            if name is None:
+                continue
+            curve = np.array([float(row[str(k)]) if row.get(str(k)) not in (None, "") else np.nan
+                              for k in range(CURVE_MAX + 1)])
+            by.setdefault(name, []).append(100.0 - curve)
+    return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
+
+
+def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLICIES,
+                seeds: Sequence[int] = DEFAULT_SEEDS, tune: float = 1.3, defrag: Sequence[str] = ("none",),
+                max_moves: int = 8) -> list[StaticRun]:
+    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves)
+            for d in defrag for p in policies for s in seeds]

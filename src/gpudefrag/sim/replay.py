@@ -1,0 +1,215 @@
+"""The static replay of the FGD study (Weng et al., ATC '23), on NumPy arrays.
+
+Method, as the authors' released experiments run it: shuffle the trace's pods with the seed; resample with
+replacement (appending) until the GPU request reaches `tune` × cluster capacity (or drop random pods when it is
+already above); schedule the pods one at a time; a pod never leaves; a pod that fits nowhere fails and the run
+goes on. After each pod the run records the *arrived workload* x = Σ GPU request of the pods submitted so far /
+capacity and the *GPU allocation rate* = allocated milli-GPU / capacity (unallocated GPU % = 100 − rate).
+The per-percent curve takes, for each integer k, the mean allocation over the pods whose arrived workload
+rounds to k (the authors' "discrete" tables); FGD fragmentation is recorded at the end of each such bucket.
+
+A `Defragmenter` may be attached: when a pod fits nowhere, it may move placed pods (migrations) or evict
+them (they re-enter the queue) to make room; the run counts what that costs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..core.model import MILLI
+from ..core.placement import Choice, Cluster, Pod, Policy, get_policy
+
+CURVE_MAX = 130  # percent of capacity: the study's x axis
+
+
+def build_workload(pods: Sequence[Pod], capacity_milli: int, seed: int, tune: float = 1.3) -> list[Pod]:
+    """Shuffle with the seed, then resample with replacement until Σ GPU request ≥ tune × capacity (or drop
+    random pods while it is above)."""
+    rng = np.random.default_rng(seed)
+    order = [pods[i] for i in rng.permutation(len(pods))]
+    target = tune * capacity_milli
+    total = sum(p.gpu_total for p in order)
+    if tune <= 0:
+        return order
+    if total < target:
+        reqs = np.fromiter((p.gpu_total for p in pods), dtype=np.int64, count=len(pods))
+        if reqs.sum() <= 0:
+            raise ValueError("the trace asks for no GPU at all; it cannot be tuned to a GPU load")
+        while total < target:
+            batch = rng.integers(len(pods), size=1024)
+            for i in batch:
+                order.append(pods[i])
+                total += int(reqs[i])
+                if total >= target:
+                    break
+    else:
+        while total > target and order:
+            j = int(rng.integers(len(order)))
+            total -= order.pop(j).gpu_total
+    return order
+
+
+@dataclass
+class MoveStats:
+    moves: int = 0
+    evictions: int = 0
+    moved_milli: int = 0  # GPU share moved (milli-GPU)
+    moved_bytes: float = 0.0  # checkpoint bytes moved (see sim/costs.py)
+    move_seconds: float = 0.0
+    rescued: int = 0  # pods placed only thanks to moves
+    multi_gpu_failed_clearable: int = 0  # multi-GPU pods that failed although moves could have cleared a node
+
+
+class Defragmenter(Protocol):
+    """Called when `pod` fits nowhere; may move placed pods (updating `placed` and the cluster) and return
+    where the pod now fits, or None."""
+
+    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, rng: np.random.Generator,
+               stats: MoveStats) -> Choice | None: ...
+
+
+@dataclass
+class Placed:
+    """The pods on the cluster: id → (pod, choice), and the ids per node."""
+
+    pods: dict[int, tuple[Pod, Choice]] = field(default_factory=dict)
+    by_node: dict[int, set[int]] = field(default_factory=dict)
+    next_id: int = 0
+
+    def add(self, pod: Pod, choice: Choice) -> int:
+        pid = self.next_id
+        self.next_id += 1
+        self.pods[pid] = (pod, choice)
+        self.by_node.setdefault(choice.node, set()).add(pid)
+        return pid
+
+    def move(self, pid: int, choice: Choice) -> None:
+        pod, old = self.pods[pid]
+        self.by_node[old.node].discard(pid)
+        self.pods[pid] = (pod, choice)
+        self.by_node.setdefault(choice.node, set()).add(pid)
+
+    def drop(self, pid: int) -> tuple[Pod, Choice]:
+        pod, ch = self.pods.pop(pid)
+        self.by_node[ch.node].discard(pid)
+        return pod, ch
+
+    def on(self, node: int) -> list[int]:
+        return sorted(self.by_node.get(node, ()))
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    seed: int
+    tune: float
+    capacity_milli: int
+    arrived_pct: np.ndarray  # after each submitted pod
+    alloc_pct: np.ndarray  # allocation rate after each submitted pod
+    placed: np.ndarray  # bool per submitted pod
+    curve: np.ndarray  # allocation % per arrived-workload percent 0..CURVE_MAX (nan where no pod)
+    frag_curve: np.ndarray  # FGD fragmentation, % of capacity, at the end of each percent bucket
+    seconds: float
+    stats: MoveStats
+    requeued: int = 0
+
+    @property
+    def unallocated_curve(self) -> np.ndarray:
+        return 100.0 - self.curve
+
+    def unallocated_at(self, pct: int) -> float:
+        return float(100.0 - self.curve[pct])
+
+    @property
+    def pods(self) -> int:
+        return len(self.placed)
+
+    @property
+    def failed(self) -> int:
+        return int((~self.placed).sum())
+
+
+def replay(
+    cluster: Cluster,
+    workload: Sequence[Pod],
+    policy: Policy | str,
+    *,
+    seed: int = 42,
+    tune: float = 1.3,
+    defrag: Defragmenter | None = None,
+    record_frag: bool = True,
+    tie_break: str = "order",
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
+    """Schedule `workload` in order on (a copy of) `cluster`. Nothing leaves; failures are recorded."""
+    t0 = time.perf_counter()
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    cl = cluster.copy()
+    rng = np.random.default_rng(seed + 1_000_003)
+    if tie_break == "order":
+        cl.rank = np.random.default_rng(seed + 7).permutation(cl.n)
+    elif tie_break == "random":
+        cl.rank = None
+    cap = cl.capacity_milli
+    n = len(workload)
+    arrived = np.zeros(n)
+    alloc = np.zeros(n)
+    ok = np.zeros(n, dtype=bool)
+    frag_curve = np.full(CURVE_MAX + 1, np.nan)
+    placed = Placed()
+    stats = MoveStats()
+    req = 0
+    allocated = cl.allocated_milli
+    bucket = 0
+    for j, pod in enumerate(workload):
+        req += pod.gpu_total
+        x = 100.0 * req / cap
+        b = int(np.floor(x + 0.5))
+        if record_frag and b != bucket and bucket <= CURVE_MAX:
+            frag_curve[bucket] = 100.0 * float(cl._fgd_cache().frag.sum()) / cap
+        bucket = b
+        choice = pol.choose(cl, pod, rng)
+        if choice is None and defrag is not None:
+            choice = defrag.rescue(cl, pod, placed, rng, stats)
+            if choice is not None:
+                stats.rescued += 1
+        if choice is not None:
+            cl.place(pod, choice)
+            placed.add(pod, choice)
+            allocated += pod.gpu_total
+            ok[j] = True
+        arrived[j] = x
+        alloc[j] = 100.0 * allocated / cap
+        if progress is not None and (j % 256 == 0 or j == n - 1):
+            progress(j + 1, n)
+    if record_frag and bucket <= CURVE_MAX:
+        frag_curve[bucket] = 100.0 * float(cl._fgd_cache().frag.sum()) / cap
+    return ReplayResult(
+        policy=pol.name, seed=seed, tune=tune, capacity_milli=cap, arrived_pct=arrived, alloc_pct=alloc,
+        placed=ok, curve=bucket_means(arrived, alloc), frag_curve=frag_curve,
+        seconds=time.perf_counter() - t0, stats=stats,
+    )
+
+
+def bucket_means(arrived: np.ndarray, alloc: np.ndarray, top: int = CURVE_MAX) -> np.ndarray:
+    """Mean of `alloc` over the records whose `arrived` rounds to each integer 0..top (nan if none)."""
+    b = np.floor(arrived + 0.5).astype(np.int64)
+    keep = (b >= 0) & (b <= top)
+    sums = np.bincount(b[keep], weights=alloc[keep], minlength=top + 1)
+    cnts = np.bincount(b[keep], minlength=top + 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = sums / cnts
+    out[cnts == 0] = np.nan
+    return out
+
+
+def allocation_ok(cl: Cluster) -> bool:
+    """The bookkeeping invariant: no GPU, CPU or memory over capacity."""
+    valid = cl.free >= 0
+    return bool(((cl.free <= MILLI) | ~valid).all() and (cl.free[valid] >= 0).all()
+                and (cl.cpu_free >= 0).all() and (cl.mem_free >= 0).all())

@@ -1,0 +1,196 @@
+"""Loaders for the Alibaba cluster-trace-gpu-v2023 ("openb") node and pod lists.
+
+The product does not ship the trace: the paths come from the command line. Every row is checked; a malformed
+one raises `InputError` naming the file, the line, the column (1-based character position) and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.fragmentation import WorkloadMix
+from ..core.model import MILLI
+from ..core.placement import Cluster, Pod
+from ..errors import InputError
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+MAX_GPUS_PER_NODE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class TraceNode:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TracePod:
+    name: str
+    pod: Pod
+    creation_time: float | None = None
+    deletion_time: float | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    nodes: tuple[TraceNode, ...]
+    pods: tuple[TracePod, ...]
+
+    def cluster(self, mix: WorkloadMix | None = None) -> Cluster:
+        """An empty cluster of the trace's nodes; the mix defaults to the authors' (95 % coverage, step 1)."""
+        return Cluster.build(
+            [n.name for n in self.nodes], [n.gpus for n in self.nodes], [n.model for n in self.nodes],
+            [n.cpu_milli for n in self.nodes], [n.memory_mib for n in self.nodes],
+            mix if mix is not None else self.mix(),
+        )
+
+    def mix(self) -> WorkloadMix:
+        return fgd_mix([p.pod for p in self.pods])
+
+    @property
+    def capacity_milli(self) -> int:
+        return sum(n.gpus for n in self.nodes) * MILLI
+
+
+def fgd_mix(pods: Sequence[Pod]) -> WorkloadMix:
+    """The FGD authors' target workload: shapes kept one at a time (their experiments' podIncreaseStep=1)
+    until they cover 95 % of pods, CPU-only pods included."""
+    return WorkloadMix.from_shapes((p.shape() for p in pods), coverage=0.95, step=1, include_cpu_only=True)
+
+
+class _Rows:
+    """CSV rows with their line numbers and the column where each field starts."""
+
+    def __init__(self, path: Path, required: Sequence[str]) -> None:
+        self.path = path
+        self.source = str(path)
+        try:
+            self.text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(self.source, "", "file not found") from None
+        except UnicodeDecodeError as e:
+            raise InputError(self.source, f"byte {e.start}", "not UTF-8 text") from None
+        except OSError as e:
+            raise InputError(self.source, "", e.strerror or str(e)) from None
+        lines = self.text.splitlines()
+        if not lines:
+            raise InputError(self.source, "line 1", "empty file: expected a header row")
+        self.header = next(csv.reader([lines[0]]))
+        missing = [c for c in required if c not in self.header]
+        if missing:
+            raise InputError(self.source, "line 1", f"missing column(s): {', '.join(missing)}")
+        self.index = {c: i for i, c in enumerate(self.header)}
+        self.lines = lines
+
+    def __iter__(self) -> Iterator[tuple[int, list[str], list[int]]]:
+        for lineno, line in enumerate(self.lines[1:], start=2):
+            if not line.strip():
+                continue
+            try:
+                fields = next(csv.reader(io.StringIO(line), strict=True))
+            except csv.Error as e:
+                raise InputError(self.source, f"line {lineno}", f"unreadable CSV: {e}") from None
+            if len(fields) != len(self.header):
+                raise InputError(self.source, f"line {lineno}, column {len(line) + 1}",
+                                 f"expected {len(self.header)} fields, got {len(fields)}")
+            cols, pos = [], 1
+            for f in fields:
+                cols.append(pos)
+                pos += len(f) + 1
+            yield lineno, fields, cols
+
+    def get(self, lineno: int, fields: list[str], cols: list[int], name: str) -> tuple[str, str]:
+        i = self.index[name]
+        return fields[i], f"line {lineno}, column {cols[i]} ({name})"
+
+    def integer(self, lineno: int, fields: list[str], cols: list[int], name: str, lo: int, hi: int) -> int:
+        raw, where = self.get(lineno, fields, cols, name)
+        try:
+            v = int(raw)
+        except ValueError:
+            raise InputError(self.source, where, f"expected an integer, got {raw!r}") from None
+        if not lo <= v <= hi:
+            raise InputError(self.source, where, f"must be in {lo}..{hi}, got {v}")
+        return v
+
+    def time(self, lineno: int, fields: list[str], cols: list[int], name: str) -> float | None:
+        if name not in self.index:
+            return None
+        raw, where = self.get(lineno, fields, cols, name)
+        if raw == "":
+            return None
+        try:
+            v = float(raw)
+        except ValueError:
+            raise InputError(self.source, where, f"expected a number of seconds, got {raw!r}") from None
+        if not v >= 0:
+            raise InputError(self.source, where, f"must be >= 0, got {raw}")
+        return v
+
+
+def load_nodes(path: str | os.PathLike[str]) -> tuple[TraceNode, ...]:
+    rows = _Rows(Path(path), NODE_COLUMNS)
+    out: list[TraceNode] = []
+    seen: set[str] = set()
+    for lineno, f, c in rows:
+        name, where = rows.get(lineno, f, c, "sn")
+        if not name:
+            raise InputError(rows.source, where, "empty node name")
+        if name in seen:
+            raise InputError(rows.source, where, f"duplicate node name {name!r}")
+        seen.add(name)
+        cpu = rows.integer(lineno, f, c, "cpu_milli", 0, 10**9)
+        mem = rows.integer(lineno, f, c, "memory_mib", 0, 10**12)
+        gpus = rows.integer(lineno, f, c, "gpu", 0, MAX_GPUS_PER_NODE)
+        model, _ = rows.get(lineno, f, c, "model")
+        out.append(TraceNode(name, cpu, mem, gpus, model or None))
+    if not out:
+        raise InputError(rows.source, "line 2", "no nodes")
+    return tuple(out)
+
+
+def load_pods(path: str | os.PathLike[str]) -> tuple[TracePod, ...]:
+    rows = _Rows(Path(path), POD_COLUMNS)
+    out: list[TracePod] = []
+    interned: dict[Pod, Pod] = {}
+    for lineno, f, c in rows:
+        name, where = rows.get(lineno, f, c, "name")
+        if not name:
+            raise InputError(rows.source, where, "empty pod name")
+        cpu = rows.integer(lineno, f, c, "cpu_milli", 0, 10**9)
+        mem = rows.integer(lineno, f, c, "memory_mib", 0, 10**12)
+        k = rows.integer(lineno, f, c, "num_gpu", 0, MAX_GPUS_PER_NODE)
+        milli = rows.integer(lineno, f, c, "gpu_milli", 0, MILLI)
+        _, mwhere = rows.get(lineno, f, c, "gpu_milli")
+        if k == 0 and milli != 0:
+            raise InputError(rows.source, mwhere, f"a pod without GPUs must ask for 0 milli-GPU, got {milli}")
+        if k > 0 and milli == 0:
+            raise InputError(rows.source, mwhere, "a pod with GPUs must ask for more than 0 milli-GPU")
+        if k > 1 and milli != MILLI:
+            raise InputError(rows.source, mwhere, f"a share below {MILLI} is only valid with one GPU")
+        spec, _ = rows.get(lineno, f, c, "gpu_spec")
+        models = tuple(m for m in spec.split("|") if m)
+        pod = Pod(k, milli if k else 0, cpu, mem, models)
+        pod = interned.setdefault(pod, pod)
+        created = rows.time(lineno, f, c, "creation_time")
+        deleted = rows.time(lineno, f, c, "deletion_time")
+        if created is not None and deleted is not None and deleted < created:
+            _, dwhere = rows.get(lineno, f, c, "deletion_time")
+            raise InputError(rows.source, dwhere, f"deletion ({deleted}) before creation ({created})")
+        out.append(TracePod(name, pod, created, deleted))
+    if not out:
+        raise InputError(rows.source, "line 2", "no pods")
+    return tuple(out)
+
+
+def load_trace(nodes: str | os.PathLike[str], pods: str | os.PathLike[str]) -> Trace:
+    return Trace(load_nodes(nodes), load_pods(pods))
