@@ -23,6 +23,9 @@ app = typer.Typer(
 # Each module defines `register(app)`. One line per area; keep the list in this order.
 COMMAND_MODULES = (
     "gpudefrag.cli.core_cmds",
+    "gpudefrag.cli.plan_cmd",
+    "gpudefrag.cli.checkpoint_cmd",
+    "gpudefrag.cli.serve_cmd",
 )
 
 for _name in COMMAND_MODULES:
