@@ -1,0 +1,246 @@
+"""The defrag planner: the cheapest moves that let a pending request be placed, and a replay that proves them.
+
+`plan_moves` tries the fast heuristic first, then (solver "auto" on small and medium clusters, or "exact") the
+exact CP-SAT model with the heuristic's plan as a hint; the exact plan is used whenever the solver finds one in
+its time budget, and the plan says which solver produced it and whether it is proven optimal. Every plan is
+replayed move by move through `apply_moves` before it is returned, so a plan that exceeds any capacity at any
+step is never handed out. Pure: no clocks, no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .cost import AltCost
+from .model import MILLI, ClusterState, Placement, Request, Workload, WorkloadState
+from .planner_heuristic import solve as solve_heuristic
+from .planner_problem import Part, Problem, Work, parts_of
+from .planner_types import Move, Plan, PlanOptions, Solver
+
+__all__ = [
+    "Move",
+    "MoveError",
+    "Plan",
+    "PlanOptions",
+    "Solver",
+    "apply_moves",
+    "plan_all_pending",
+    "plan_for",
+    "plan_moves",
+]
+
+
+class MoveError(ValueError):
+    """A move that cannot be applied to the state (unknown workload, wrong source, no room)."""
+
+
+# ---------------------------------------------------------------------------------------------- replay
+def apply_moves(state: ClusterState, moves: Iterable[Move]) -> ClusterState:
+    """The state after the moves, applied one by one. Raises MoveError naming the first move that is invalid
+    or would exceed a GPU, CPU or memory capacity at the moment it is made."""
+    free = state.free_milli.copy()
+    cpu = state.cpu_free.copy()
+    mem = state.mem_free.copy()
+    current = {w.id: w for w in state.workloads}
+    seen: set[str] = set()
+    for k, m in enumerate(moves):
+        where = f"move {k + 1} ({m.workload_id} {m.source} -> {m.target})"
+        w = current.get(m.workload_id)
+        if w is None or not w.is_running:
+            raise MoveError(f"{where}: no running workload {m.workload_id!r}")
+        if m.workload_id in seen:
+            raise MoveError(f"{where}: moves a workload twice")
+        seen.add(m.workload_id)
+        if w.is_multi_node:
+            raise MoveError(f"{where}: multi-node workloads never move")
+        if w.placements[0].node != m.source:
+            raise MoveError(f"{where}: it runs on {w.placements[0].node}, not {m.source}")
+        if m.target not in state.node_index or m.target == m.source:
+            raise MoveError(f"{where}: bad target node {m.target!r}")
+        r = w.request
+        s, t = state.node_index[m.source], state.node_index[m.target]
+        if len(m.target_gpus) != r.gpus_per_node or len(set(m.target_gpus)) != len(m.target_gpus):
+            raise MoveError(f"{where}: needs {r.gpus_per_node} distinct GPUs, got {list(m.target_gpus)}")
+        for g in w.placements[0].gpus:
+            free[s, g] += r.gpu_milli
+        cpu[s] += r.cpu_milli
+        mem[s] += r.memory_mib
+        for g in m.target_gpus:
+            if not 0 <= g < free.shape[1] or free[t, g] < r.gpu_milli:
+                raise MoveError(f"{where}: GPU {g} of {m.target} has no room for {r.gpu_milli} milli")
+            free[t, g] -= r.gpu_milli
+        cpu[t] -= r.cpu_milli
+        mem[t] -= r.memory_mib
+        if cpu[t] < 0 or mem[t] < 0:
+            raise MoveError(f"{where}: {m.target} has not enough CPU or memory")
+        current[w.id] = dataclasses.replace(w, placements=(Placement(m.target, tuple(m.target_gpus)),))
+    return state.with_workloads(current.values())
+
+
+def with_reservation(state: ClusterState, rid: str, request: Request, placements: Sequence[Placement]) -> ClusterState:
+    """The state with a request placed (as a running workload named `rid`), for planning the next request."""
+    res = Workload(id=rid, request=request, state=WorkloadState.RUNNING, placements=tuple(placements),
+                   labels={"gpudefrag.io/reservation": "true"})
+    if rid in state.workload_index:  # the pending workload itself: it starts running there
+        old = state.workload(rid)
+        res = dataclasses.replace(old, state=WorkloadState.RUNNING, placements=tuple(placements))
+        return state.with_workloads(res if w.id == rid else w for w in state.workloads)
+    return state.with_workloads([*state.workloads, res])
+
+
+def _fits_after(state: ClusterState, request: Request, placements: Sequence[Placement]) -> bool:
+    if len(placements) != request.node_count or len({p.node for p in placements}) != len(placements):
+        return False
+    try:
+        with_reservation(state, "reserved:check", request, placements)
+    except ValueError:
+        return False
+    idx = state.node_index
+    for p in placements:
+        i = idx[p.node]
+        if state.cpu_free[i] < request.cpu_milli or state.mem_free[i] < request.memory_mib:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- building plans
+def _infeasible(request: Request, reason: str, solver: str, explain: Sequence[str] = ()) -> Plan:
+    return Plan(request, (), None, False, reason, solver, False, 0.0, 0.0, tuple(explain))
+
+
+def plan_from_work(p: Problem, work: Work, request: Request, solver: str, optimal: bool,
+                   notes: Sequence[str] = ()) -> Plan:
+    """Turn a solver's working state into a Plan, replaying it to prove it."""
+    moves: list[Move] = []
+    for wi in work.order:
+        dst, gpus = work.moved[wi]
+        src = int(p.src[wi])
+        ev, dr = p.alternatives(wi)
+        moves.append(Move(p.label(wi), p.name(src), p.name(dst), gpus, p.move_cost(wi, src, dst), ev, dr))
+    placements = tuple(Placement(p.name(i), g) for _part, i, g in work.reserved)
+    after = apply_moves(p.state, moves)
+    if not _fits_after(after, request, placements):  # pragma: no cover - a solver bug, never a user error
+        raise AssertionError(f"{solver} produced a plan after which {request.label()} does not fit")
+    return _finish(p, request, tuple(moves), placements, solver, optimal, notes)
+
+
+def _finish(p: Problem, request: Request, moves: tuple[Move, ...], placements: tuple[Placement, ...],
+            solver: str, optimal: bool, notes: Sequence[str]) -> Plan:
+    total_s = sum(m.cost.total_s for m in moves)
+    total_gpu_s = sum(m.cost.gpu_s for m in moves)
+    evict = sum(m.evict.gpu_s for m in moves if m.evict) if moves else None
+    drain = max((m.drain.seconds for m in moves if m.drain), default=0.0) if moves else None
+    explain: list[str] = [f"solver: {solver}" + (" (proven optimal)" if optimal else "")]
+    target = placements[0].node if placements else None
+    if target is not None:
+        i = p.state.node_index[target]
+        whole = int((p.state.free_milli[i] >= MILLI).sum())
+        explain.append(f"{request.label()} lands on {', '.join(pl.node for pl in placements)} "
+                       f"({whole}/{p.state.nodes[i].usable_gpus} GPUs of {target} free before the plan)")
+    for m in moves:
+        wi = p.state.running.index(p.state.workload(m.workload_id))
+        alt = _alt_text(m.evict, m.drain)
+        explain.append(f"move {m.workload_id} {m.source} -> {m.target}: {m.cost.total_s:.0f} s, "
+                       f"{m.cost.gpu_s:.0f} GPU-s ({alt})")
+        refused = p.excluded_by_compat(wi)
+        if refused:
+            explain.append(f"  {m.workload_id}: excluded targets: " + "; ".join(refused))
+    explain.extend(f"not chosen: {n}" for n in notes)
+    return Plan(request, moves, target, True, "", solver, optimal, total_s, total_gpu_s, tuple(explain),
+                placements=placements, evict_gpu_s=evict, drain_s=drain)
+
+
+def _alt_text(ev: AltCost | None, dr: AltCost | None) -> str:
+    parts = []
+    if ev is not None:
+        parts.append(f"evicting instead: {ev.gpu_s:.0f} GPU-s")
+    if dr is not None:
+        parts.append(f"draining: {dr.seconds:.0f} s" if dr.known else "draining: end unknown")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+def plan_moves(state: ClusterState, request: Request, options: PlanOptions | None = None) -> Plan:
+    """The cheapest moves found that let `request` be placed (one plan for all its nodes)."""
+    return _plan_parts(state, [request], options or PlanOptions())[0]
+
+
+def plan_for(state: ClusterState, workload_id: str, options: PlanOptions | None = None) -> Plan:
+    """`plan_moves` for a pending workload of the state, by id."""
+    w = state.workload(workload_id)
+    plan = plan_moves(state, w.request, options)
+    return dataclasses.replace(plan, workload_id=workload_id)
+
+
+def _plan_parts(state: ClusterState, requests: list[Request], opts: PlanOptions) -> list[Plan]:
+    p = Problem(state, opts)
+    parts = parts_of(state, requests)
+    heur = solve_heuristic(p, parts)
+    exact_plan = None
+    if opts.solver != "heuristic" and len(requests) == 1:
+        from .planner_exact import solve_exact  # OR-Tools is imported only when the exact solver runs
+
+        if opts.solver == "exact" or _exact_size(p, parts) <= opts.exact_max_vars:
+            exact_plan = solve_exact(p, parts, requests[0], heur.work)
+    request = requests[0]
+    if (
+        exact_plan is not None
+        and exact_plan.feasible
+        and (heur.work is None or exact_plan.optimal or exact_plan.score <= heur.work.score + 1e-6)
+    ):
+        return [exact_plan]
+    if heur.work is None:
+        if exact_plan is not None and exact_plan.reason:
+            return [exact_plan]
+        return [_infeasible(request, heur.reason, "heuristic", heur.notes)]
+    return [plan_from_work(p, heur.work, request, "heuristic", False, heur.notes)]
+
+
+def _exact_size(p: Problem, parts: list[Part]) -> int:
+    """A rough count of the exact model's variables (movable workloads × nodes)."""
+    n = len(p.state.nodes)
+    return int((~p.multi).sum()) * n + len(parts) * n
+
+
+def plan_all_pending(state: ClusterState, options: PlanOptions | None = None, k: int | None = None) -> list[Plan]:
+    """Plans for the k oldest pending requests (all when k is None), each on the state the previous ones leave
+    (their moves made and their requests placed), so no workload moves twice and the moves of all plans
+    together leave room for every feasible request at once. `max_moves` bounds each plan."""
+    opts = options or PlanOptions()
+    pending = [w for w in state.pending if w.request.gpus_per_node > 0]
+    if k is not None:
+        pending = pending[:k]
+    plans: list[Plan] = []
+    moved: set[str] = set()
+    current = state
+    base_filter = opts.movable
+    for w in pending:
+        def movable(x: Workload, _f=base_filter) -> bool:
+            if x.id in moved or x.labels.get("gpudefrag.io/reservation") == "true":
+                return False
+            return _f is None or _f(x)
+
+        plan = plan_moves(current, w.request, dataclasses.replace(opts, movable=movable))
+        plan = dataclasses.replace(plan, workload_id=w.id)
+        plans.append(plan)
+        if plan.feasible:
+            current = apply_moves(current, plan.moves)
+            moved.update(m.workload_id for m in plan.moves)
+            current = with_reservation(current, f"reserved:{w.id}", w.request, plan.placements)
+    return plans
+
+
+def gpu_free_after(state: ClusterState, plan: Plan) -> np.ndarray:
+    """Free milli-GPU per node and GPU after the plan's moves (the request not yet placed)."""
+    return apply_moves(state, plan.moves).free_milli
+
+
+def placements_state(state: ClusterState, plan: Plan, rid: str = "request") -> ClusterState:
+    """The state after the plan with the request itself placed (for the after-map)."""
+    after = apply_moves(state, plan.moves)
+    if not plan.placements:
+        return after
+    return with_reservation(after, rid, plan.request, plan.placements)

@@ -1,0 +1,241 @@
+"""The exact planner: one CP-SAT model over every movable workload, node and GPU.
+
+Variables: x[w,n] (workload w ends on node n ≠ its source), y[p,n] (part p of the request lands on n), z[w,n,g]
+(a shared-GPU arrival takes GPU g of n) and a[n,g] (GPU g of n goes to a whole-GPU arrival). Per GPU, what stays
++ what arrives ≤ 1000 milli; per node, CPU and memory likewise, and the move budgets. Because staying workloads
+keep their GPUs and arrivals are given explicit GPUs, the model's answer is a concrete final placement; chains
+(a displaced workload going where another one left) come out naturally. The objective is the plans' score
+(GPU-seconds, see core.cost) with ties broken by fewer moves and then by the target node with most GPUs free.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from .model import MILLI, Request
+from .planner_problem import BIG, Part, Problem, Work
+from .planner_types import Plan
+
+
+def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | None) -> Plan | None:
+    """An exact plan (optimal when proven), an infeasible Plan when the model is proven infeasible, or None
+    when the solver found nothing within its time limit or its answer cannot be executed in sequence."""
+    from .planner import _infeasible, plan_from_work  # the entry module builds Plans
+
+    st = p.state
+    nn = len(st.nodes)
+    opts = p.opts
+    free = st.free_milli
+    usable = st.usable_counts
+    cap_cpu = np.array([nd.cpu_milli for nd in st.nodes])
+    cap_mem = np.array([nd.memory_mib for nd in st.nodes])
+    m = cp_model.CpModel()
+
+    movable = [wi for wi in range(len(p.ws)) if not p.multi[wi] and p.why_not_movable(wi) is None]
+    x: dict[tuple[int, int], cp_model.IntVar] = {}
+    arrivals: dict[int, list[int]] = defaultdict(list)
+    leaving: dict[int, list[int]] = defaultdict(list)
+    outs_of: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+    for wi in movable:
+        src = int(p.src[wi])
+        mask = p.targets_mask(wi).copy()
+        mask[src] = False
+        mask &= (cap_cpu == 0) | (cap_cpu >= p.cpu[wi])
+        mask &= (cap_mem == 0) | (cap_mem >= p.mem[wi])
+        for n in np.flatnonzero(mask):
+            n = int(n)
+            x[wi, n] = m.NewBoolVar(f"x{wi}_{n}")
+            outs_of[wi].append(x[wi, n])
+            arrivals[n].append(wi)
+        leaving[src].append(wi)
+    moved: dict[int, cp_model.LinearExpr] = {}
+    for wi in movable:
+        outs = outs_of[wi]
+        if outs:
+            m.Add(sum(outs) <= 1)
+        moved[wi] = sum(outs) if outs else 0
+
+    y: dict[tuple[int, int], cp_model.IntVar] = {}
+    for k, part in enumerate(parts):
+        el = part.eligible & ((cap_cpu == 0) | (cap_cpu >= part.cpu)) & ((cap_mem == 0) | (cap_mem >= part.mem))
+        cands = [int(n) for n in np.flatnonzero(el)]
+        if not cands:
+            return _infeasible(request, "no node is eligible for the request (GPU model, selector, taints, size)",
+                               "exact", ())
+        for n in cands:
+            y[k, n] = m.NewBoolVar(f"y{k}_{n}")
+        m.AddExactlyOne(y[k, n] for n in cands)
+    by_req: dict[int, list[int]] = defaultdict(list)
+    for k, part in enumerate(parts):
+        by_req[part.req].append(k)
+    for ks in by_req.values():
+        if len(ks) > 1:
+            for n in range(nn):
+                vs = [y[k, n] for k in ks if (k, n) in y]
+                if len(vs) > 1:
+                    m.AddAtMostOne(vs)
+    part_nodes: dict[int, list[int]] = defaultdict(list)
+    for k, n in y:
+        part_nodes[n].append(k)
+
+    # GPU capacity, per node and GPU
+    z: dict[tuple[object, int, int], cp_model.IntVar] = {}  # (("w", wi) | ("p", k), n, g)
+    a: dict[tuple[int, int], cp_model.IntVar] = {}
+    stay_load: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (n,g) -> [(wi, milli)]
+    movable_set = set(movable)
+    fixed = st.used_milli.astype(np.int64).copy()
+    for wi in movable:
+        src = int(p.src[wi])
+        for g in p.ws[wi].placements[0].gpus:
+            stay_load[src, g].append((wi, int(p.milli[wi])))
+            fixed[src, g] -= int(p.milli[wi])
+    for n in set(arrivals) | set(part_nodes):
+        gs = range(int(usable[n]))
+        whole_terms: list[cp_model.LinearExpr] = []
+        frac_terms: dict[int, list[cp_model.LinearExpr]] = defaultdict(list)
+        for wi in arrivals[n]:
+            g_need, milli = int(p.gpus[wi]), int(p.milli[wi])
+            if g_need == 0:
+                continue
+            if milli >= MILLI:
+                whole_terms.append(g_need * x[wi, n])
+            else:
+                vs = []
+                for g in gs:
+                    v = z[("w", wi), n, g] = m.NewBoolVar(f"z{wi}_{n}_{g}")
+                    frac_terms[g].append(milli * v)
+                    vs.append(v)
+                m.Add(sum(vs) == x[wi, n])
+        for k in part_nodes[n]:
+            part = parts[k]
+            if part.gpus == 0:
+                continue
+            if part.milli >= MILLI:
+                whole_terms.append(part.gpus * y[k, n])
+            else:
+                vs = []
+                for g in gs:
+                    v = z[("p", k), n, g] = m.NewBoolVar(f"zp{k}_{n}_{g}")
+                    frac_terms[g].append(part.milli * v)
+                    vs.append(v)
+                m.Add(sum(vs) == y[k, n])
+        if whole_terms:
+            for g in gs:
+                a[n, g] = m.NewBoolVar(f"a{n}_{g}")
+            m.Add(sum(a[n, g] for g in gs) == sum(whole_terms))
+        for g in gs:
+            if (n, g) not in a and not frac_terms[g]:
+                continue
+            stay = [milli * (1 - moved[wi]) for wi, milli in stay_load[n, g]]
+            arrive = list(frac_terms[g]) + ([MILLI * a[n, g]] if (n, g) in a else [])
+            m.Add(int(fixed[n, g]) + sum(stay) + sum(arrive) <= MILLI)
+
+    # CPU and memory, per node (only where the node tracks them)
+    for n in set(arrivals) | set(part_nodes):
+        for free_arr, attr in ((st.cpu_free, "cpu"), (st.mem_free, "mem")):
+            if free_arr[n] >= BIG // 2:
+                continue
+            need = getattr(p, attr)
+            terms = [int(need[wi]) * x[wi, n] for wi in arrivals[n] if need[wi]]
+            terms += [int(getattr(parts[k], attr)) * y[k, n] for k in part_nodes[n] if getattr(parts[k], attr)]
+            terms += [-int(need[wi]) * moved[wi] for wi in leaving[n] if need[wi]]
+            if terms:
+                m.Add(sum(terms) <= int(free_arr[n]))
+
+    # budgets
+    if x:
+        m.Add(sum(x.values()) <= opts.max_moves)
+    for n in set(arrivals) | set(leaving):
+        terms = [moved[wi] for wi in leaving[n]] + [x[wi, n] for wi in arrivals[n]]
+        if len(terms) > opts.max_moves_per_node:
+            m.Add(sum(terms) <= opts.max_moves_per_node)
+
+    # objective: score in milli-GPU-seconds, then fewer moves, then the most-free target
+    whole_now = (free >= MILLI).sum(axis=1)
+    tie_max = opts.max_moves + sum(int(usable.max(initial=0)) for _ in parts) + 1
+    weight = 10 * tie_max
+    obj = []
+    for (wi, n), v in x.items():
+        c = round(p.move_cost(wi, int(p.src[wi]), n).score * 1000)
+        obj.append((c * weight + 1) * v)
+    for (_k, n), v in y.items():
+        busy = int(usable[n] - whole_now[n])
+        if busy:
+            obj.append(busy * v)
+    m.Minimize(sum(obj))
+
+    if hint is not None:
+        for (wi, n), v in x.items():
+            m.AddHint(v, 1 if hint.moved.get(wi, (-1,))[0] == n else 0)
+        chosen = {(k, i) for k, (_part, i, _g) in enumerate(hint.reserved)}
+        for key, v in y.items():
+            m.AddHint(v, 1 if key in chosen else 0)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = opts.time_limit_s
+    solver.parameters.num_workers = max(1, opts.workers)
+    solver.parameters.random_seed = 1
+    status = solver.Solve(m)
+    if status == cp_model.INFEASIBLE:
+        return _infeasible(request, f"no set of at most {opts.max_moves} moves (at most {opts.max_moves_per_node} "
+                           "per node) frees room for the request (proven by the exact solver)", "exact", ())
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+
+    # read the answer: targets and GPUs of moved workloads, GPUs of the parts
+    dest: dict[int, int] = {wi: n for (wi, n), v in x.items() if solver.Value(v)}
+    gpus_of: dict[object, tuple[int, ...]] = {}
+    for (who, _n, g), v in z.items():
+        if solver.Value(v):
+            gpus_of[who] = (g,)
+    pool: dict[int, list[int]] = defaultdict(list)
+    for (n, g), v in a.items():
+        if solver.Value(v):
+            pool[n].append(g)
+    for wi in sorted(dest):
+        n = dest[wi]
+        if p.gpus[wi] == 0:
+            gpus_of[("w", wi)] = ()
+        elif p.milli[wi] >= MILLI:
+            gpus_of[("w", wi)] = tuple(sorted(pool[n][: p.gpus[wi]]))
+            del pool[n][: p.gpus[wi]]
+    place: dict[int, int] = {k: n for (k, n), v in y.items() if solver.Value(v)}
+    for k, n in place.items():
+        if parts[k].gpus == 0:
+            gpus_of[("p", k)] = ()
+        elif parts[k].milli >= MILLI:
+            gpus_of[("p", k)] = tuple(sorted(pool[n][: parts[k].gpus]))
+            del pool[n][: parts[k].gpus]
+    work = _sequence(p, dest, gpus_of)
+    if work is None:
+        return None
+    for k in range(len(parts)):
+        work.reserve(parts[k], place[k], gpus_of[("p", k)])
+    optimal = status == cp_model.OPTIMAL
+    assert movable_set.issuperset(dest)
+    return plan_from_work(p, work, request, "exact", optimal)
+
+
+def _sequence(p: Problem, dest: dict[int, int], gpus_of: dict[object, tuple[int, ...]]) -> Work | None:
+    """An order in which every move finds its GPUs free when it is made (a target's occupants leave first);
+    None if the moves form a cycle that no order can execute."""
+    work = Work(p)
+    todo = sorted(dest)
+    while todo:
+        progressed = False
+        for wi in list(todo):
+            n = dest[wi]
+            gp = gpus_of[("w", wi)]
+            ok = all(work.free[n, g] >= p.milli[wi] for g in gp)
+            ok = ok and work.cpu[n] >= p.cpu[wi] and work.mem[n] >= p.mem[wi]
+            if ok:
+                work.release(wi)
+                work.move(wi, n, gp)
+                todo.remove(wi)
+                progressed = True
+        if not progressed:
+            return None
+    return work

@@ -1,0 +1,268 @@
+"""The fast planner for large clusters: rank target nodes by a lower bound on the cost to clear them (NumPy over
+all nodes), then for the most promising ones find the cheapest set of their workloads whose departure makes room
+(subsets enumerated in order of cost) and check that set fits elsewhere by best-fit-decreasing, with one level
+of chaining (move a third workload out of the way) when a displaced workload fits nowhere directly.
+
+Requests with several parts (multi-node requests, several pending requests) are planned one part after another
+on the working state, so no workload moves twice and no two parts of one request share a node.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import MILLI
+from .planner_problem import Part, Problem, Work, fits_rows, pick_gpus
+
+SUBSET_LIMIT = 400  # subsets examined per candidate node
+PLACE_ATTEMPTS = 6  # fitting subsets whose placement elsewhere is tried per candidate node
+CHAIN_NODES = 24  # nodes examined for a chain move per displaced workload
+
+
+@dataclass
+class Outcome:
+    work: Work | None
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def cheapest_subsets(costs: list[float], max_size: int) -> Iterator[tuple[int, ...]]:
+    """Every non-empty subset of items (indices into `costs`, sorted ascending) in non-decreasing total cost,
+    up to `max_size` items each."""
+    k = len(costs)
+    if k == 0 or max_size <= 0:
+        return
+    heap: list[tuple[float, int, tuple[int, ...]]] = [(costs[0], 0, (0,))]
+    while heap:
+        s, last, sub = heapq.heappop(heap)
+        yield sub
+        if last + 1 < k:
+            if len(sub) < max_size:
+                heapq.heappush(heap, (s + costs[last + 1], last + 1, (*sub, last + 1)))
+            heapq.heappush(heap, (s - costs[last] + costs[last + 1], last + 1, (*sub[:-1], last + 1)))
+
+
+def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.ndarray:
+    """Per node, a lower bound on the score of clearing room for `part` there (inf: impossible or not allowed).
+
+    Each GPU that must be freed needs at least one workload moved: a whole-GPU workload frees its GPUs at
+    score/GPUs each, a shared one at most one GPU for its whole score."""
+    n = len(p.state.nodes)
+    have = (work.free >= part.milli).sum(axis=1)
+    need = np.maximum(part.gpus - have, 0)
+    single = ~p.multi
+    if work.moved:
+        single = single.copy()
+        single[list(work.moved)] = False
+    src = p.src[single]
+    gpus = p.gpus[single]
+    score = p.score[single]
+    ratio = np.where((p.milli[single] >= MILLI) & (gpus > 0), score / np.maximum(gpus, 1), score)
+    min_ratio = np.full(n, np.inf)
+    np.minimum.at(min_ratio, src, ratio)
+    min_item = np.full(n, np.inf)
+    np.minimum.at(min_item, src, score)
+    capacity = np.zeros(n, dtype=np.int64)
+    np.add.at(capacity, src, np.where(p.milli[single] >= MILLI, gpus, 0))
+    cap_ok = have + capacity + (work.free > 0).sum(axis=1) >= part.gpus  # shared GPUs may be freed too
+    lb = np.maximum(min_item, need * np.where(np.isfinite(min_ratio), min_ratio, 0.0))
+    return np.where(allowed & cap_ok, lb, np.inf)
+
+
+def _best_fit(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> int | None:
+    gpus, milli = int(p.gpus[wi]), int(p.milli[wi])
+    mask = p.targets_mask(wi) & ~forbid & work.budget_ok()
+    mask[int(p.src[wi])] = False
+    if not mask.any():
+        return None
+    fit = mask & fits_rows(work.free, work.cpu, work.mem, gpus, milli, int(p.cpu[wi]), int(p.mem[wi]))
+    if not fit.any():
+        return None
+    idx = np.flatnonzero(fit)
+    rows = work.free[idx]
+    if gpus == 1 and milli < MILLI:
+        left = np.where(rows >= milli, rows - milli, MILLI + 1).min(axis=1)
+        tie = (rows >= MILLI).sum(axis=1)  # keep whole GPUs whole
+    else:
+        left = (rows >= milli).sum(axis=1) - gpus
+        tie = np.where(rows > 0, rows, 0).sum(axis=1)
+    return int(idx[np.lexsort((idx, tie, left))[0]])
+
+
+def _place(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> bool:
+    """Move a released workload to its best-fitting node, or via one chain move. False: it fits nowhere."""
+    dst = _best_fit(p, work, wi, forbid)
+    if dst is not None:
+        gp = pick_gpus(work.free[dst], int(p.gpus[wi]), int(p.milli[wi]))
+        assert gp is not None
+        work.move(wi, dst, gp)
+        return True
+    return work.moves_left() >= 2 and _chain(p, work, wi, forbid)
+
+
+def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> bool:
+    """Make room for `wi` on some node C by moving one of C's workloads to a third node."""
+    gpus, milli = int(p.gpus[wi]), int(p.milli[wi])
+    mask = p.targets_mask(wi) & ~forbid & (work.touched + 2 <= p.opts.max_moves_per_node)
+    mask[int(p.src[wi])] = False
+    if not mask.any():
+        return False
+    have = (work.free >= milli).sum(axis=1)
+    order = np.flatnonzero(mask)
+    order = order[np.argsort(-have[order], kind="stable")][:CHAIN_NODES]
+    best: tuple[float, int, int] | None = None
+    for c in order:
+        c = int(c)
+        for vi in p.on_node(c):
+            vi = int(vi)
+            if vi in work.moved or vi == wi or p.why_not_movable(vi) is not None:
+                continue
+            row = work.free[c].copy()
+            for g in p.ws[vi].placements[0].gpus:
+                row[g] += p.milli[vi]
+            if not fits_rows(row[None, :], work.cpu[c : c + 1] + p.cpu[vi], work.mem[c : c + 1] + p.mem[vi],
+                             gpus, milli, int(p.cpu[wi]), int(p.mem[wi]))[0]:
+                continue
+            cost = float(p.score[vi])
+            if best is not None and cost >= best[0]:
+                continue
+            trial = work.clone()
+            trial.release(vi)
+            f2 = forbid.copy()
+            f2[c] = True
+            if _best_fit(p, trial, vi, f2) is not None:
+                best = (cost, c, vi)
+    if best is None:
+        return False
+    _, c, vi = best
+    work.release(vi)
+    f2 = forbid.copy()
+    f2[c] = True
+    dst = _best_fit(p, work, vi, f2)
+    assert dst is not None
+    gp = pick_gpus(work.free[dst], int(p.gpus[vi]), int(p.milli[vi]))
+    assert gp is not None
+    work.move(vi, dst, gp)
+    gp = pick_gpus(work.free[c], gpus, milli)
+    assert gp is not None
+    work.move(wi, c, gp)
+    return True
+
+
+def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -> tuple[Work | None, str]:
+    """The cheapest way found to make room for `part` on node i: (new working state, "") or (None, why not)."""
+    items: list[int] = []
+    blocked: list[str] = []
+    for wi in p.on_node(i):
+        wi = int(wi)
+        if wi in work.moved:
+            continue
+        why = p.why_not_movable(wi)
+        if why is None:
+            items.append(wi)
+        else:
+            blocked.append(f"{p.label(wi)}: {why}")
+    items.sort(key=lambda wi: (p.score[wi], wi))
+    costs = [float(p.score[wi]) for wi in items]
+    max_size = min(work.moves_left(), p.opts.max_moves_per_node - int(work.touched[i]), len(items))
+    attempts = 0
+    reason = "no set of its movable workloads makes room"
+    for k, sub in enumerate(cheapest_subsets(costs, max_size)):
+        if k >= SUBSET_LIMIT or attempts >= PLACE_ATTEMPTS:
+            break
+        chosen = [items[j] for j in sub]
+        row = work.free[i].copy()
+        cpu, mem = work.cpu[i], work.mem[i]
+        for wi in chosen:
+            for g in p.ws[wi].placements[0].gpus:
+                row[g] += p.milli[wi]
+            cpu += p.cpu[wi]
+            mem += p.mem[wi]
+        if not fits_rows(row[None, :], np.array([cpu]), np.array([mem]), part.gpus, part.milli, part.cpu, part.mem)[0]:
+            continue
+        attempts += 1
+        trial = work.clone()
+        for wi in chosen:
+            trial.release(wi)
+        gp = pick_gpus(trial.free[i], part.gpus, part.milli)
+        assert gp is not None
+        trial.reserve(part, i, gp)
+        f2 = forbid.copy()
+        f2[i] = True
+        ok = True
+        for wi in sorted(chosen, key=lambda w: (-p.gpus[w], -p.milli[w], -p.cpu[w], w)):
+            if trial.moves_left() < 1 or not _place(p, trial, wi, f2):
+                ok = False
+                reason = f"{p.label(wi)} fits on no other node"
+                if trial.moves_left() < 1:
+                    reason = f"more than {p.opts.max_moves} moves needed"
+                break
+        if ok:
+            return trial, ""
+    if not items:
+        reason = "nothing on it may move" + (f" ({'; '.join(blocked[:3])})" if blocked else "")
+    elif max_size <= 0:
+        reason = "its move budget is spent"
+    return None, reason
+
+
+def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) -> Outcome:
+    """Room for one part: reuse free room if it fits already, else clear the cheapest candidate node."""
+    allowed = part.eligible.copy()
+    if same_request_nodes:
+        allowed[list(same_request_nodes)] = False
+    fit = allowed & fits_rows(work.free, work.cpu, work.mem, part.gpus, part.milli, part.cpu, part.mem)
+    if fit.any():
+        idx = np.flatnonzero(fit)
+        left = (work.free[idx] >= part.milli).sum(axis=1)
+        i = int(idx[np.lexsort((idx, left))[0]])
+        gp = pick_gpus(work.free[i], part.gpus, part.milli)
+        assert gp is not None
+        work = work.clone()
+        work.reserve(part, i, gp)
+        return Outcome(work, notes=(f"{part.request.label()} fits on {p.name(i)} without moves",))
+    if not allowed.any():
+        return Outcome(None, "no node is eligible for the request (GPU model, selector, taints, size)")
+    lb = lower_bounds(p, work, part, allowed)
+    finite = np.flatnonzero(np.isfinite(lb))
+    if len(finite) == 0:
+        return Outcome(None, "no node can be cleared: every candidate holds too many unmovable GPUs "
+                             "(multi-node or filtered workloads)")
+    have = (work.free[finite] >= part.milli).sum(axis=1)
+    order = finite[np.lexsort((finite, -have, lb[finite]))][: p.opts.candidate_limit]
+    best: Work | None = None
+    reasons: list[str] = []
+    forbid = np.zeros(len(p.state.nodes), dtype=bool)
+    for i in order:
+        i = int(i)
+        if best is not None and lb[i] >= best.score - work.score:
+            break
+        trial, why = clear_node(p, work, part, i, forbid)
+        if trial is None:
+            reasons.append(f"{p.name(i)}: {why}")
+            continue
+        if best is None or trial.score < best.score - 1e-9:
+            best = trial
+    if best is None:
+        head = "no node can be cleared"
+        return Outcome(None, f"{head}: " + "; ".join(reasons[:4]) + ("; ..." if len(reasons) > 4 else ""),
+                       tuple(reasons))
+    return Outcome(best, notes=tuple(reasons))
+
+
+def solve(p: Problem, parts: list[Part], work: Work | None = None) -> Outcome:
+    work = work or Work(p)
+    used: dict[int, set[int]] = {}
+    notes: list[str] = []
+    for part in parts:
+        out = plan_part(p, work, part, used.setdefault(part.req, set()))
+        if out.work is None:
+            return Outcome(None, out.reason, tuple(notes) + out.notes)
+        work = out.work
+        used[part.req].add(work.reserved[-1][1])
+        notes.extend(out.notes)
+    return Outcome(work, notes=tuple(notes))
