@@ -24,7 +24,6 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "gpudefrag.cli.core_cmds",
     "gpudefrag.cli.plan_cmd",
-    "gpudefrag.cli.plan_cmd",
     "gpudefrag.cli.checkpoint_cmd",
     "gpudefrag.cli.serve_cmd",
 )
