@@ -18,8 +18,8 @@ from .fragmentation import (
     capacity_fits,
     eligible_mask,
     fits_mask,
-    model_mask,
     selector_matches,
+    state_model_mask,
     tolerated,
     whole_free_counts,
 )
@@ -101,16 +101,10 @@ class _Context:
     def __init__(self, state: ClusterState) -> None:
         self.state = state
         self.whole = whole_free_counts(state)
-        self._eligible: dict[tuple[object, ...], np.ndarray] = {}
         self._used_by_ns: dict[str, int] | None = None
 
     def eligible(self, r: Request) -> np.ndarray:
-        key = (r.gpu_models, tuple(sorted(r.node_selector.items())), r.tolerations, r.partition, r.mig_profile,
-               r.gpus_per_node > 0)
-        m = self._eligible.get(key)
-        if m is None:
-            m = self._eligible[key] = eligible_mask(self.state, r)
-        return m
+        return eligible_mask(self.state, r)
 
     def used_by_namespace(self) -> dict[str, int]:
         if self._used_by_ns is None:
@@ -161,10 +155,10 @@ def diagnose_request(
     causes: list[Cause] = []
     counts = state.gpu_counts
     usable = state.usable_counts
-    models_ok = model_mask(nodes, r.gpu_models)
+    models_ok = state_model_mask(state, r.gpu_models)
     gpu_nodes = counts > 0
 
-    has_mig = np.fromiter((n.has_mig for n in nodes), dtype=bool, count=len(nodes))
+    has_mig = state.mig_mask
 
     # 1. device plugin never registered: the node has GPUs but advertises none (or fewer)
     missing = gpu_nodes & (usable < counts) & ~has_mig & models_ok & (counts >= r.gpus_per_node)

@@ -79,6 +79,15 @@ def model_mask(nodes: Sequence[Node], models: Sequence[str]) -> np.ndarray:
     return np.fromiter((n.gpu_model in allowed for n in nodes), dtype=bool, count=len(nodes))
 
 
+def state_model_mask(state: ClusterState, models: Sequence[str]) -> np.ndarray:
+    """model_mask, memoised on the state."""
+    key = ("model", tuple(models))
+    m = state.memo.get(key)
+    if m is None:
+        m = state.memo[key] = model_mask(state.nodes, models)
+    return m  # type: ignore[return-value]
+
+
 def tolerated(node: Node, tolerations: Sequence[Toleration]) -> bool:
     """Whether every NoSchedule/NoExecute taint of the node is tolerated."""
     return all(
@@ -94,9 +103,14 @@ def selector_matches(node: Node, selector: dict[str, str] | object) -> bool:
 def eligible_mask(state: ClusterState, request: Request) -> np.ndarray:
     """Nodes the request may use at all, whatever is free on them: schedulable, allowed GPU model, node
     selector, tolerated taints and partition. (A MIG node advertises only its full GPUs as allocatable.)"""
+    key = ("eligible", request.gpu_models, tuple(sorted(request.node_selector.items())), request.tolerations,
+           request.partition)
+    cached = state.memo.get(key)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
     nodes = state.nodes
-    mask = state.schedulable_mask & model_mask(nodes, request.gpu_models)
-    if any(n.labels or n.taints or n.partitions for n in nodes) or request.node_selector:
+    mask = state.schedulable_mask & state_model_mask(state, request.gpu_models)
+    if state.memo.setdefault("constrained", any(n.taints or n.partitions for n in nodes)) or request.node_selector:
         extra = np.fromiter(
             (
                 selector_matches(n, request.node_selector)
@@ -108,6 +122,7 @@ def eligible_mask(state: ClusterState, request: Request) -> np.ndarray:
             count=len(nodes),
         )
         mask &= extra
+    state.memo[key] = mask
     return mask
 
 

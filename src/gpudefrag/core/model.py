@@ -350,6 +350,16 @@ class ClusterState:
         return self._arrays["mem_free"]
 
     @cached_property
+    def memo(self) -> dict[object, object]:
+        """A per-state cache for derived values (masks keyed by a request's constraints); the state never
+        changes, so anything computed from it stays valid."""
+        return {}
+
+    @cached_property
+    def mig_mask(self) -> np.ndarray:
+        return np.fromiter((nd.has_mig for nd in self.nodes), dtype=bool, count=len(self.nodes))
+
+    @cached_property
     def schedulable_mask(self) -> np.ndarray:
         return np.fromiter((nd.schedulable for nd in self.nodes), dtype=bool, count=len(self.nodes))
 
@@ -360,6 +370,58 @@ class ClusterState:
 
     # ---------------------------------------------------------------- validation
     def validate(self) -> None:
+        """Raise ModelError at the first contradiction. A vectorised pass checks the common case quickly; only
+        when it finds a problem does the exact (slower) walk run to name the offending field."""
+        if not self._looks_valid():
+            self._validate_exactly()
+
+    def _looks_valid(self) -> bool:
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names) or not all(names):
+            return False
+        if any(n.gpu_count < 0 or (n.gpu_allocatable or 0) < 0 or n.cpu_milli < 0 or n.memory_mib < 0
+               for n in self.nodes):
+            return False
+        ids = [w.id for w in self.workloads]
+        if len(set(ids)) != len(ids) or not all(ids):
+            return False
+        idx = self.node_index
+        counts = np.fromiter((n.gpu_count for n in self.nodes), dtype=np.int64, count=len(self.nodes))
+        rows: list[int] = []
+        cols: list[int] = []
+        share: list[int] = []
+        for w in self.workloads:
+            r = w.request
+            if r.gpus_per_node < 0 or r.node_count < 1:
+                return False
+            if r.gpus_per_node > 0 and not 0 < r.gpu_milli <= MILLI:
+                return False
+            if r.gpu_milli < MILLI and r.gpus_per_node > 1:
+                return False
+            if w.state is WorkloadState.PENDING:
+                if w.placements:
+                    return False
+                continue
+            if len(w.placements) != r.node_count:
+                return False
+            for p in w.placements:
+                i = idx.get(p.node)
+                if i is None or len(p.gpus) != r.gpus_per_node or len(set(p.gpus)) != len(p.gpus):
+                    return False
+                rows.extend([i] * len(p.gpus))
+                cols.extend(p.gpus)
+                share.extend([r.gpu_milli] * len(p.gpus))
+        if not rows:
+            return True
+        rr = np.asarray(rows, dtype=np.int64)
+        cc = np.asarray(cols, dtype=np.int64)
+        if (cc < 0).any() or (cc >= counts[rr]).any():
+            return False
+        g = max(int(counts.max()), 1)
+        used = np.bincount(rr * g + cc, weights=np.asarray(share, dtype=np.int64), minlength=len(self.nodes) * g)
+        return bool((used <= MILLI).all())
+
+    def _validate_exactly(self) -> None:
         seen: set[str] = set()
         for i, nd in enumerate(self.nodes):
             path = f"nodes[{i}]"
