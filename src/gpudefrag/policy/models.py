@@ -1,0 +1,180 @@
+"""A policy: when to act (trigger), on which jobs (filter), what to do (action), and how much at once (budgets).
+
+One YAML file is the operator's whole mental model of the controller (the descheduler's lesson). Models are
+strict: an unknown key is a typo and an error, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..core.model import Workload
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
+          "T": 1000**4, "TB": 1000**4, "P": 1000**5, "PB": 1000**5, "KI": 1024, "KIB": 1024, "MI": 1024**2,
+          "MIB": 1024**2, "GI": 1024**3, "GIB": 1024**3, "TI": 1024**4, "TIB": 1024**4, "PI": 1024**5,
+          "PIB": 1024**5}
+
+
+def parse_size(v: object) -> int:
+    """64GiB / 500MB / 1.5T / 1048576 -> bytes."""
+    if isinstance(v, bool):
+        raise ValueError("a size is a number of bytes or a string like '64GiB'")
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError("a size must be >= 0")
+        return v
+    if not isinstance(v, str):
+        raise ValueError("a size is a number of bytes or a string like '64GiB'")
+    m = _SIZE.match(v)
+    if not m or (m.group(2) or "").upper() not in _UNITS:
+        raise ValueError(f"not a size: {v!r} (use e.g. 64GiB, 500MB, 1048576)")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PosSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class PendingTrigger(_Strict):
+    """A GPU job pending longer than `longer_than_s` whose diagnosed cause is fragmentation alone."""
+
+    longer_than_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 60.0
+    min_gpus: Annotated[int, Field(ge=1)] = 1  # only requests at least this large
+
+
+class Trigger(_Strict):
+    pending: PendingTrigger | None = PendingTrigger()
+    fragmentation_above: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    cron: str | None = None
+    on_request: bool = True  # `gpudefrag controller request` / the HTTP API may start a cycle
+
+    @field_validator("cron")
+    @classmethod
+    def _cron_ok(cls, v: str | None) -> str | None:
+        if v is not None and not croniter.is_valid(v):
+            raise ValueError(f"not a cron expression: {v!r} (five fields, e.g. '*/15 * * * *')")
+        return v
+
+    def cron_due(self, last: float | None, now: float) -> bool:
+        """True when a cron fire time lies in (last, now]; the first evaluation only arms the schedule."""
+        if self.cron is None or last is None:
+            return False
+        nxt = croniter(self.cron, datetime.fromtimestamp(last)).get_next(float)
+        return nxt <= now
+
+
+class Filter(_Strict):
+    """Which running jobs may be moved. Every set field must match; an empty list means 'any'."""
+
+    partitions: list[str] = []
+    users: list[str] = []
+    accounts: list[str] = []  # Slurm account / Kubernetes namespace
+    names: list[str] = []  # glob patterns on the job name
+    comments: list[str] = []  # glob patterns on the Slurm comment (label `slurm.comment`)
+    labels: dict[str, str] = {}  # all must be present with these values
+    exclude_labels: dict[str, str] = {}  # any present with this value excludes the job
+    max_priority: int | None = None  # only jobs whose priority is <= this
+    max_gpus: Annotated[int, Field(ge=1)] | None = None
+    max_checkpoint_size: int | None = None  # bytes; YAML may say "64GiB"
+    single_node_only: bool = True
+
+    @field_validator("max_checkpoint_size", mode="before")
+    @classmethod
+    def _size(cls, v: object) -> int | None:
+        return None if v is None else parse_size(v)
+
+    def matches(self, w: Workload) -> bool:
+        """May this workload be moved under this policy?"""
+        if self.single_node_only and w.is_multi_node:
+            return False
+        if self.partitions and (w.request.partition or "") not in self.partitions:
+            return False
+        if self.users and w.user not in self.users:
+            return False
+        if self.accounts and w.namespace not in self.accounts:
+            return False
+        if self.names and not any(fnmatch.fnmatchcase(w.name, p) for p in self.names):
+            return False
+        comment = w.labels.get("slurm.comment", "")
+        if self.comments and not any(fnmatch.fnmatchcase(comment, p) for p in self.comments):
+            return False
+        if any(w.labels.get(k) != v for k, v in self.labels.items()):
+            return False
+        if any(w.labels.get(k) == v for k, v in self.exclude_labels.items()):
+            return False
+        if self.max_priority is not None and w.priority > self.max_priority:
+            return False
+        if self.max_gpus is not None and w.request.gpus_total > self.max_gpus:
+            return False
+        return not (self.max_checkpoint_size is not None and w.checkpoint_bytes > self.max_checkpoint_size)
+
+
+class Heartbeat(_Strict):
+    """Scheduled checkpoints so that a later move (or a crash) loses little work."""
+
+    every_s: PosSeconds | None = None
+    cron: str | None = None
+    keep: Annotated[int, Field(ge=1)] = 2
+
+    @field_validator("cron")
+    @classmethod
+    def _cron_ok(cls, v: str | None) -> str | None:
+        if v is not None and not croniter.is_valid(v):
+            raise ValueError(f"not a cron expression: {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> Heartbeat:
+        if self.every_s is not None and self.cron is not None:
+            raise ValueError("give either every_s or cron, not both")
+        return self
+
+    def due(self, last: float | None, now: float, started: float) -> bool:
+        since = last if last is not None else started
+        if self.every_s is not None:
+            return now - since >= self.every_s
+        if self.cron is not None:
+            return croniter(self.cron, datetime.fromtimestamp(since)).get_next(float) <= now
+        return False
+
+
+class Action(_Strict):
+    """`migrate`: checkpoint, move, restore. `never`: observe and report only. `fallback: evict` lets a move
+    whose checkpoint fails go on as an eviction (the job restarts on the target from its last good checkpoint
+    or from zero, with the reason recorded) instead of rolling back; it must be asked for explicitly."""
+
+    kind: Literal["migrate", "never"] = "migrate"
+    fallback: Literal["rollback", "evict"] = "rollback"
+    heartbeat: Heartbeat | None = None
+    backend: Literal["criu", "cuda", "app"] = "criu"
+
+
+class Budgets(_Strict):
+    """The disruption budget."""
+
+    max_concurrent: Annotated[int, Field(ge=1)] = 2  # migrations in flight, cluster-wide
+    max_per_node: Annotated[int, Field(ge=1)] = 1  # migrations in flight touching one node (source or target)
+    max_moves_per_plan: Annotated[int, Field(ge=1)] = 8
+    max_per_hour: Annotated[int, Field(ge=0)] | None = None
+    checkpoint_timeout_s: PosSeconds = 300.0
+    restore_timeout_s: PosSeconds = 300.0
+
+
+class Policy(_Strict):
+    name: str = "default"
+    trigger: Trigger = Trigger()
+    filter: Filter = Filter()
+    action: Action = Action()
+    budgets: Budgets = Budgets()
+    planner_time_limit_s: PosSeconds = 2.0
