@@ -349,7 +349,7 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
             owners_pending.add((info.namespace, info.owner.kind, info.owner.name))
 
     # controllers whose pods the quota refused: pending workloads of their own
-    for (key, kind, reason), e in sorted(latest.items()):
+    for (_key, kind, reason), e in sorted(latest.items()):
         if reason != "FailedCreate" or "exceeded quota" not in e.message:
             continue
         m = _QUOTA_REQ.search(e.message)
