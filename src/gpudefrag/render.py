@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import numpy as np
+from rich.columns import Columns
 from rich.table import Table
 from rich.text import Text
 
@@ -91,21 +92,24 @@ def gpu_map(
     return table
 
 
-def legend(state: ClusterState, tags: Mapping[str, tuple[str, str]] | None = None, limit: int = 40) -> Text:
+def legend(state: ClusterState, tags: Mapping[str, tuple[str, str]] | None = None, limit: int = 40) -> Columns:
+    """One entry per running workload (letter in its colour, id, size), laid out in columns."""
     tags = dict(tags) if tags is not None else workload_tags(state)
-    out = Text()
-    for k, w in enumerate(state.running[:limit]):
+    items = []
+    for w in state.running[:limit]:
         if w.id not in tags:
             continue
         letter, style = tags[w.id]
-        out.append(f" {letter} ", style=style)
         share = "" if w.request.gpu_milli >= MILLI else f"×{w.request.gpu_milli / MILLI:.2f}"
-        out.append(f" {w.id} ({w.request.gpus_total} GPU{share})  ")
-        if k % 4 == 3:
-            out.append("\n")
-    out.append(" · ", style="green")
-    out.append(" free  ")
-    return out
+        item = Text()
+        item.append(f" {letter} ", style=style)
+        item.append(f" {w.id} ({w.request.gpus_total} GPU{share})")
+        items.append(item)
+    free = Text()
+    free.append(" · ", style="green")
+    free.append(" free GPU")
+    items.append(free)
+    return Columns(items, padding=(0, 2))
 
 
 def histogram_line(hist: Mapping[int, int]) -> str:
