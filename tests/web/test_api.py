@@ -155,7 +155,10 @@ def test_apply_plan_with_token_changes_the_cluster(client: TestClient) -> None:
     assert client.get("/api/summary").json()["whole_free_nodes"] == 1
     assert client.get("/api/pending").json()[0]["diagnosis"]["primary"] == "fits-now"
     hist = client.get("/api/history").json()["moves"]
-    assert sorted(h["workload_id"] for h in hist) == sorted(m["workload_id"] for m in preview["plan"]["moves"])
+    # exactly the previewed moves were applied (not a re-plan that may break ties differently)
+    shown = sorted((m["workload_id"], m["source"], m["target"]) for m in preview["plan"]["moves"])
+    assert sorted((h["workload_id"], h["source"], h["target"]) for h in hist) == shown
+    assert sorted((m["workload_id"], m["source"], m["target"]) for m in body["plan"]["moves"]) == shown
     assert all(h["origin"] == "dashboard" and h["state"] == "done" for h in hist)
     samples = client.get("/api/timeseries").json()
     assert [s["whole_free_nodes"] for s in samples] == [0, 1]

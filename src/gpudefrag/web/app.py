@@ -140,7 +140,11 @@ def create_app(
             version = source.version
         pending_workload(state, workload_id)
         job = pending_view(state, diagnose_all(state, [workload_id]))[0]
-        return {"workload": job, **planning.preview(state, workload_id), "version": version}
+        try:
+            plan = source.plan_for(version, workload_id, lambda: planning.make_plan(state, workload_id))
+        except planning.PlannerUnavailable:
+            plan = None  # preview() says why
+        return {"workload": job, **planning.preview(state, workload_id, plan), "version": version}
 
     @app.get("/api/history", response_model=schemas.History, tags=["dashboard"])
     def get_history(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
@@ -176,7 +180,7 @@ def create_app(
                                          f"now {source.version}): preview again")
             pending_workload(state, workload_id)
             try:
-                plan = planning.make_plan(state, workload_id)
+                plan = source.plan_for(source.version, workload_id, lambda: planning.make_plan(state, workload_id))
             except planning.PlannerUnavailable as e:
                 raise HTTPException(409, str(e)) from None
             if not plan.feasible or not plan.moves:

@@ -91,13 +91,14 @@ def plan_dict(state: ClusterState, plan: Any) -> dict[str, Any]:
     }
 
 
-def preview(state: ClusterState, workload_id: str) -> dict[str, Any]:
+def preview(state: ClusterState, workload_id: str, plan: Any | None = None) -> dict[str, Any]:
     """The plan for a pending workload with the map rows of the nodes it touches, before and after."""
-    try:
-        plan = make_plan(state, workload_id)
-    except PlannerUnavailable as e:
-        return {"available": False, "message": str(e), "plan": None, "before": [], "after": [],
-                "after_summary": None}
+    if plan is None:
+        try:
+            plan = make_plan(state, workload_id)
+        except PlannerUnavailable as e:
+            return {"available": False, "message": str(e), "plan": None, "before": [], "after": [],
+                    "after_summary": None}
     body = plan_dict(state, plan)
     touched: list[str] = []
     for m in body["moves"]:

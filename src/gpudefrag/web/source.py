@@ -79,10 +79,28 @@ class ClusterSource:
         self.samples: deque[Sample] = deque(maxlen=MAX_SAMPLES)
         self.moves: list[MoveRecord] = []
         self.checkpoints: dict[str, float] = {}  # workload id -> wall time a checkpoint was triggered here
+        self._plans: dict[tuple[int, str], Any] = {}  # (version, workload id) -> the plan previewed
         self.lock = threading.RLock()
 
     def state(self) -> ClusterState:
         raise NotImplementedError
+
+    def plan_for(self, version: int, workload_id: str, make: Callable[[], Any]) -> Any:
+        """The plan previewed for this workload at this version, made once: applying a preview applies exactly
+        the moves that were shown (the solver may break ties differently on a second run)."""
+        key = (version, workload_id)
+        with self.lock:
+            if key in self._plans:
+                return self._plans[key]
+        plan = make()  # outside the lock: planning may take seconds, the page keeps refreshing meanwhile
+        with self.lock:
+            if version != self.version:  # the cluster moved on while planning: do not cache
+                return plan
+            for stale in [k for k in self._plans if k[0] != self.version]:
+                del self._plans[stale]
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            return self._plans.setdefault(key, plan)
 
     def _record(self, state: ClusterState) -> None:
         self.samples.append(sample_of(state, self.clock()))

@@ -288,13 +288,14 @@ async function loadPlan(id) {
       el("thead", {}, el("tr", {}, ["workload", "GPUs", "from", "to", "GPUs there", "cost"].map((h) => el("th", {}, h)))));
     const body = el("tbody");
     for (const m of plan.moves) {
-      const cost = Object.entries(m.cost).filter(([, v]) => typeof v === "number")
-        .map(([k, v]) => `${k} ${fmtNum(v)}`).join(", ");
+      const c = m.cost;
+      const cost = `${fmtNum(c.total_s)} s · ${fmtNum(c.gpu_s)} GPU-s` + (c.lost_work_s ? ` · ${fmtNum(c.lost_work_s)} s work lost` : "");
+      const costTitle = Object.entries(c).filter(([, v]) => typeof v === "number").map(([k, v]) => `${k} ${fmtNum(v)}`).join(", ");
       const sw = el("span", { class: "swatch" });
       sw.style.background = colour(m.workload_id);
       body.append(el("tr", { "data-move": m.workload_id },
         el("td", {}, sw, " ", el("span", { class: "wname" }, m.workload_name)), el("td", {}, String(m.gpus)),
-        el("td", {}, m.source), el("td", {}, m.target), el("td", {}, m.target_gpus.join(",")), el("td", {}, cost)));
+        el("td", {}, m.source), el("td", {}, m.target), el("td", {}, m.target_gpus.join(",")), el("td", { title: costTitle }, cost)));
     }
     table.append(body);
     box.append(table);

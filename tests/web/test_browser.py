@@ -1,0 +1,116 @@
+"""The dashboard in real headless Chromium (Debian's package) against `gpudefrag serve` on 127.0.0.1.
+
+Screenshots land in artifacts/web/ (git-ignored) for a human to look at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from gpudefrag.demo import demo_document
+
+from .conftest import ARTIFACTS, TOKEN, XSS_NAME, XSS_PENDING, LiveServer
+
+pytestmark = pytest.mark.browser
+
+
+def demo_free_per_node() -> dict[str, int]:
+    doc = demo_document()
+    free = {n["name"]: n["gpus"] for n in doc["nodes"]}
+    for w in doc["workloads"]:
+        for p in w.get("placements", []):
+            free[p["node"]] -= w["gpus_per_node"]
+    return free
+
+
+def open_dashboard(page: Any, server: LiveServer, dialogs: list[str]) -> None:
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(server.url + "/")
+    page.wait_for_selector("body[data-ready='1']")
+
+
+def test_demo_map_plan_and_apply(page: Any, live_server: LiveServer) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    dialogs: list[str] = []
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    open_dashboard(page, live_server, dialogs)
+    doc = demo_document()
+
+    # the map shows every node, and every GPU of each node
+    for n in doc["nodes"]:
+        row = page.locator(f"#map .node-row[data-node='{n['name']}']")
+        assert row.count() == 1
+        assert row.locator(".cell").count() == n["gpus"]
+    free = demo_free_per_node()
+    assert page.locator("#map .cell.free").count() == sum(free.values())
+    # nobody can fit 8 GPUs: every free GPU is stranded for the pending 8-GPU job
+    assert page.locator("#map .cell.free.stranded").count() == sum(v for v in free.values() if v < 8)
+    owned = sum(w["gpus_per_node"] for w in doc["workloads"] if w.get("state", "running") == "running")
+    assert page.locator("#map .cell.owned").count() == owned
+    page.screenshot(path=str(ARTIFACTS / "dashboard-demo.png"), full_page=True)
+
+    # clicking the pending 8-GPU job shows its diagnosis and its plan
+    page.click("#pending li[data-job='pretrain-8gpu']")
+    page.wait_for_selector("[data-testid='diagnosis'] .cause.fragmentation")
+    page.wait_for_selector("[data-testid='moves'] tbody tr")
+    target = page.inner_text("[data-testid='target-node']")
+    assert target in free
+    moves = page.locator("[data-testid='moves'] tbody tr")
+    assert moves.count() >= 1
+    shown = sorted(moves.nth(i).get_attribute("data-move") + "->" + moves.nth(i).locator("td").nth(3).inner_text()
+                   for i in range(moves.count()))
+    moved_gpus = sum(int(moves.nth(i).locator("td").nth(1).inner_text()) for i in range(moves.count()))
+    assert free[target] + moved_gpus == 8
+    after_target = page.locator(f"[data-testid='plan-after'] .node-row[data-node='{target}']")
+    assert after_target.locator(".cell.free").count() == 8
+    page.screenshot(path=str(ARTIFACTS / "dashboard-plan.png"), full_page=True)
+
+    # applying without the token fails and changes nothing
+    page.click("[data-testid='apply-plan']")
+    page.wait_for_selector("#status.error")
+    assert "401" in page.inner_text("#status")
+    assert page.locator(f"#map .node-row[data-node='{target}'] .cell.free").count() == free[target]
+
+    # with the token, the map updates: the target node is whole and free, and the job now fits
+    page.fill("[data-testid='token']", TOKEN)
+    page.click("[data-testid='apply-plan']")
+    expect(page.locator("#status")).to_contain_text("applied")
+    page.wait_for_selector(f"#map .node-row.fits[data-node='{target}']")
+    row = page.locator(f"#map .node-row[data-node='{target}']")
+    assert row.locator(".cell.free").count() == 8
+    assert row.locator(".cell.stranded").count() == 0
+    assert page.inner_text("[data-stat='whole-free nodes'] b") == "1"
+    hist = page.locator("#history tbody tr[data-history]")
+    expect(hist).to_have_count(len(shown))
+    applied = sorted(hist.nth(i).get_attribute("data-history") + "->" + hist.nth(i).locator("td").nth(3).inner_text()
+                     for i in range(hist.count()))
+    assert applied == shown  # exactly the moves the preview showed
+    assert page.locator("#map .cell.owned").count() == owned  # moved, not evicted
+    page.screenshot(path=str(ARTIFACTS / "dashboard-after-apply.png"), full_page=True)
+    assert dialogs == [] and errors == []
+
+
+def test_hostile_names_render_as_text(page: Any, xss_server: LiveServer) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    dialogs: list[str] = []
+    open_dashboard(page, xss_server, dialogs)
+    legend = page.locator("#workload-legend .item[data-workload='notebook-ana'] .wname")
+    assert legend.inner_text() == XSS_NAME
+    assert page.locator("#pending li[data-job='pretrain-8gpu'] .jname").inner_text() == XSS_PENDING
+    page.click("#pending li[data-job='pretrain-8gpu']")
+    page.wait_for_selector("[data-testid='diagnosis']")
+    assert "<b onmouseover=alert(3)>Resources</b>" in page.inner_text("#plan")
+    cell = page.locator("#map .cell[data-workload='notebook-ana']").first
+    assert XSS_NAME in (cell.get_attribute("title") or "")
+    cell.click()
+    assert page.inner_text("[data-testid='workload-name']") == XSS_NAME
+    page.hover("#plan")
+    # nothing the data carried became markup: only our own script, no injected img/b elements
+    assert page.locator("script").count() == 1
+    assert page.locator("img").count() == 0 and page.locator("#plan b[onmouseover]").count() == 0
+    assert dialogs == []
+    page.screenshot(path=str(ARTIFACTS / "dashboard-xss.png"), full_page=True)
