@@ -145,6 +145,8 @@ class KubeCluster:
     warnings: tuple[str, ...] = ()
     source: str = ""
     ignored_kinds: Mapping[str, int] = field(default_factory=dict)
+    raw_nodes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    raw_pdbs: tuple[Mapping[str, Any], ...] = ()
 
     def pdbs_for(self, workload_id: str) -> list[PdbInfo]:
         pod = self.pods.get(workload_id)
@@ -376,7 +378,9 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
     except ModelError as e:
         raise InputError(objs.source, e.path, e.message) from None
     return KubeCluster(state, MappingProxyType(infos), pdbs, tuple(events), tuple(groups), tuple(b.warnings),
-                       objs.source, MappingProxyType(dict(objs.ignored)))
+                       objs.source, MappingProxyType(dict(objs.ignored)),
+                       MappingProxyType({n.name: at.value for n, at in zip(nodes, objs.nodes, strict=True)}),
+                       tuple(at.value for at in objs.pdbs))
 
 
 def self_pod(

@@ -7,6 +7,7 @@ autoscaler status ConfigMap, DRA) are skipped when absent or forbidden; a warnin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -100,6 +101,5 @@ def read_live(context: str | None = None, *, api: Any = None, now: Callable[[], 
         raise InputError("cluster", where, "the cluster reports no nodes")
     cluster = to_cluster(objs, now=now(), strict=False)
     if warnings:
-        cluster = KubeCluster(cluster.state, cluster.pods, cluster.pdbs, cluster.events, cluster.groups,
-                              cluster.warnings + tuple(warnings), cluster.source, cluster.ignored_kinds)
+        cluster = dataclasses.replace(cluster, warnings=cluster.warnings + tuple(warnings))
     return cluster

@@ -1,0 +1,280 @@
+"""Run a `MoveSequence` against the API, step by step, stopping at the first failure.
+
+Before the point of no return (the eviction, or the ReplicaSet's adoption of the replacement) a failure runs the
+rollback (delete the replacement, withdraw requests) and the original keeps running: no delete ever follows a
+replacement that failed. After it, the executor only finishes (waits for the original to go).
+`KubeApi` is the small surface used; `ClientKubeApi` implements it with the official client,
+`memory_api.InMemoryApi` over a dump (dry runs and tests: no API server runs on the build machines).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ...core.compat import CompatRule, describe
+from .access import At
+from .convert import _node, _pdb
+from .dra import DraInventory
+from .moves import ANN_CKPT_DONE, MoveSequence, Op, OpKind, pdb_after_replacement
+
+
+class ApiError(Exception):
+    """An API call failed: `status` is the HTTP status (429: eviction refused by a PDB; 404: not found)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class KubeApi(Protocol):
+    def read_node(self, name: str) -> dict[str, Any]: ...
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def read_pdb(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
+    def evict_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+    def delete_pod(self, namespace: str, name: str) -> None: ...
+    def kubelet_checkpoint(self, node: str, namespace: str, pod: str, container: str) -> list[str]: ...
+    def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None: ...
+
+
+Publisher = Callable[[str, str, str], None]  # (node, archive path on that node, image) -> None
+
+
+@dataclass
+class StepResult:
+    op: str
+    ok: bool
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"op": self.op, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class MoveResult:
+    move_id: str
+    workload_id: str
+    ok: bool
+    committed: bool = False  # the point of no return was passed
+    rolled_back: bool = False
+    error: str = ""
+    steps: list[StepResult] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"move_id": self.move_id, "workload": self.workload_id, "ok": self.ok, "committed": self.committed,
+                "rolled_back": self.rolled_back, "error": self.error, "steps": [s.as_dict() for s in self.steps]}
+
+
+class StepFailed(Exception):
+    pass
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+class Executor:
+    def __init__(self, api: KubeApi, *, publish: Publisher | None = None, compat: CompatRule | None = None,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 poll_s: float = 2.0, on_step: Callable[[MoveSequence, StepResult], None] | None = None) -> None:
+        self.api = api
+        self.publish = publish
+        self.compat = compat
+        self.sleep = sleep
+        self.clock = clock
+        self.poll_s = poll_s
+        self.on_step = on_step
+
+    def run(self, seq: MoveSequence, versions: Any = None) -> MoveResult:
+        """Execute one sequence. `versions` (the workload's `Versions`) re-checks compatibility live."""
+        res = MoveResult(seq.move_id, seq.workload_id, ok=False)
+        if not seq.ok:
+            res.error = f"refused: {seq.refused}"
+            return res
+        archives: dict[str, str] = {}
+        created = False
+        for op in seq.ops:
+            try:
+                detail = self._do(op, archives, versions)
+            except (StepFailed, ApiError) as e:
+                self._record(seq, res, StepResult(op.kind.value, False, str(e)))
+                res.error = f"{op.kind.value}: {e}"
+                if not res.committed and (created or op.mutating):
+                    self._rollback(seq, res)
+                return res
+            if op.kind is OpKind.CREATE_REPLACEMENT:
+                created = True
+            if op.irreversible:
+                res.committed = True
+            self._record(seq, res, StepResult(op.kind.value, True, detail))
+        res.ok = True
+        return res
+
+    def _record(self, seq: MoveSequence, res: MoveResult, step: StepResult) -> None:
+        res.steps.append(step)
+        if self.on_step:
+            self.on_step(seq, step)
+
+    def _rollback(self, seq: MoveSequence, res: MoveResult) -> None:
+        for op in seq.rollback:
+            try:
+                if op.kind is OpKind.DELETE_REPLACEMENT:
+                    p = op.params
+                    if self.api.read_pod(p["namespace"], p["pod"]) is not None:
+                        self.api.delete_pod(p["namespace"], p["pod"])
+                else:
+                    self.api.patch_pod(op.params["namespace"], op.params["pod"], dict(op.body or {}))
+                self._record(seq, res, StepResult(f"rollback:{op.kind.value}", True, op.detail))
+            except ApiError as e:
+                self._record(seq, res, StepResult(f"rollback:{op.kind.value}", False, str(e)))
+        res.rolled_back = True
+
+    def _wait(self, what: str, timeout: float, check: Callable[[], bool]) -> None:
+        end = self.clock() + timeout
+        while True:
+            if check():
+                return
+            if self.clock() >= end:
+                raise StepFailed(f"timed out after {timeout:g} s waiting for {what}")
+            self.sleep(self.poll_s)
+
+    def _do(self, op: Op, archives: dict[str, str], versions: Any) -> str:
+        p, api = op.params, self.api
+        k = op.kind
+        if k is OpKind.VERIFY_TARGET:
+            raw = api.read_node(p["node"])
+            node = _node(At(raw, "cluster", f"node {p['node']}"), DraInventory())
+            if not node.schedulable:
+                raise StepFailed(f"node {node.name} is cordoned or not ready")
+            if versions is not None:
+                bad = describe(versions, node, self.compat)
+                if bad:
+                    raise StepFailed("incompatible: " + "; ".join(bad))
+            return f"{node.name}: {node.gpu_model} driver {node.driver_version} cuda {node.cuda_version}"
+        if k is OpKind.CHECK_PDB:
+            pdb = _pdb(At(api.read_pdb(p["namespace"], p["name"]), "cluster", f"pdb {p['name']}"))
+            allowed, why = pdb_after_replacement(pdb)
+            if allowed < 1:
+                raise StepFailed(why)
+            return f"{pdb.key}: {allowed} disruption(s) allowed once the replacement is Ready"
+        if k is OpKind.CHECKPOINT:
+            paths = api.kubelet_checkpoint(p["node"], p["namespace"], p["pod"], p["container"])
+            if not paths:
+                raise StepFailed("the kubelet returned no checkpoint archive")
+            archives[p["container"]] = paths[0]
+            return paths[0]
+        if k is OpKind.PUBLISH_CHECKPOINT:
+            if self.publish is None:
+                raise StepFailed("no checkpoint publisher configured (archive → image); nothing was changed")
+            self.publish(p["node"], archives[p["container"]], p["image"])
+            return p["image"]
+        if k in (OpKind.REQUEST_APP_CHECKPOINT, OpKind.SET_DELETION_COST, OpKind.ADOPT_REPLACEMENT):
+            api.patch_pod(p["namespace"], p["pod"], dict(op.body or {}))
+            return op.detail
+        if k is OpKind.SIGNAL:
+            api.exec_command(p["namespace"], p["pod"], p["container"], list(p["command"]))
+            return " ".join(p["command"])
+        if k is OpKind.WAIT_APP_CHECKPOINT:
+            def done() -> bool:
+                pod = api.read_pod(p["namespace"], p["pod"])
+                if pod is None:
+                    raise StepFailed("the original pod vanished while checkpointing")
+                return ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_CKPT_DONE) == p["move_id"]
+            self._wait(f"the application's checkpoint of {p['pod']}", p["timeout_s"], done)
+            return "checkpoint written"
+        if k is OpKind.CREATE_REPLACEMENT:
+            api.create_pod(p["namespace"], dict(op.body or {}))
+            return p["pod"]
+        if k is OpKind.WAIT_READY:
+            def ready() -> bool:
+                pod = api.read_pod(p["namespace"], p["pod"])
+                if pod is None:
+                    raise StepFailed(f"replacement {p['pod']} vanished")
+                phase = (pod.get("status") or {}).get("phase")
+                if phase in ("Failed", "Succeeded"):
+                    raise StepFailed(f"replacement {p['pod']} ended ({phase}) before it was Ready")
+                return _ready(pod)
+            self._wait(f"{p['pod']} to become Ready", p["timeout_s"], ready)
+            return f"{p['pod']} Ready"
+        if k is OpKind.EVICT_ORIGINAL:
+            try:
+                api.evict_pod(p["namespace"], p["pod"], dict(op.body or {}))
+            except ApiError as e:
+                if e.status == 404 and p.get("missing_ok"):
+                    return "already removed by its ReplicaSet"
+                if e.status == 429:
+                    raise StepFailed(f"eviction refused by a PodDisruptionBudget ({e})") from None
+                raise
+            return f"{p['pod']} evicted"
+        if k is OpKind.WAIT_DELETED:
+            def gone() -> bool:
+                pod = api.read_pod(p["namespace"], p["pod"])
+                return pod is None or (pod.get("metadata") or {}).get("uid") != p["uid"]
+            self._wait(f"{p['pod']} to be deleted", p["timeout_s"], gone)
+            return f"{p['pod']} gone"
+        raise StepFailed(f"unknown operation {k}")
+
+
+class ClientKubeApi:
+    """`KubeApi` with the official client. Verified only against recorded API shapes (see docs/kubernetes.md)."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return fn()
+        except ApiException as e:
+            raise ApiError(int(e.status or 0), str(e.reason)) from None
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        return self.api.sanitize_for_serialization(obj)
+
+    def read_node(self, name: str) -> dict[str, Any]:
+        return self._dict(self._call(lambda: self.core.read_node(name)))
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(self._call(lambda: self.core.read_namespaced_pod(name, namespace)))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def read_pdb(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._dict(self._call(lambda: self.policy.read_namespaced_pod_disruption_budget(name, namespace)))
+
+    def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._dict(self._call(lambda: self.core.create_namespaced_pod(namespace, body)))
+
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self._dict(self._call(lambda: self.core.patch_namespaced_pod(name, namespace, patch)))
+
+    def evict_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self._call(lambda: self.core.create_namespaced_pod_eviction(name, namespace, body))
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._call(lambda: self.core.delete_namespaced_pod(name, namespace))
+
+    def kubelet_checkpoint(self, node: str, namespace: str, pod: str, container: str) -> list[str]:
+        path = f"/api/v1/nodes/{node}/proxy/checkpoint/{namespace}/{pod}/{container}"
+        out = self._call(lambda: self.api.call_api(path, "POST", response_type="object", auth_settings=["BearerToken"],
+                                                   _return_http_data_only=True))
+        return [str(x) for x in (out or {}).get("items", [])]
+
+    def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None:
+        from kubernetes.stream import stream
+
+        self._call(lambda: stream(self.core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
+                                  command=command, stderr=True, stdout=True, stdin=False, tty=False))
