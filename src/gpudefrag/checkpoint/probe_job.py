@@ -4,7 +4,8 @@ benchmark: `python -m gpudefrag.checkpoint.probe_job --log FILE [--mb N]`.
 * holds an N MiB buffer of seeded pseudo-random bytes (every page touched, incompressible like weights);
 * every `--period` s: step += 1 and a hash chain advances; one line `step=N chain=HEX t=UNIX pid=PID` is
   appended to the log, so a restart from zero, a lost step or a repeated step is visible (`check_log`);
-* SIGUSR1: appends `CHECKSUM step=N sha256=HEX` of the whole buffer; SIGTERM: appends `EXIT step=N`, exits 0.
+* SIGUSR1: appends `CHECKSUM step=N sha256=HEX` of the whole buffer; SIGTERM: appends `EXIT step=N` and
+  exits with `--exit-code` (0).
 
 Kept free of gpudefrag imports so that it starts fast and its memory is what it says.
 """
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mb", type=int, default=16)
     ap.add_argument("--period", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--exit-code", type=int, default=0, help="exit status after SIGTERM")
     a = ap.parse_args(argv)
     size = a.mb << 20
     buf = bytearray(size)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             flags["sum"] = False
             log(f"CHECKSUM step={step} sha256={checksum()}")
     log(f"EXIT step={step}")
-    return 0
+    return a.exit_code
 
 
 @dataclass

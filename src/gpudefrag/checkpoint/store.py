@@ -280,6 +280,7 @@ class CheckpointStore:
 
     def list(self, workload_id: str | None = None) -> list[dict[str, Any]]:
         """Every checkpoint, newest first, from its manifest (signature checked, file hashes not)."""
+        kid = key_id(self.key)  # an insecure key is an error even for an empty store
         out = []
         for cid in self.ids():
             try:
@@ -291,7 +292,7 @@ class CheckpointStore:
                 continue
             if workload_id is not None and m.workload_id != workload_id:
                 continue
-            signed = m.key_id == key_id(self.key) and m.signature_ok(self.key)
+            signed = m.key_id == kid and m.signature_ok(self.key)
             out.append({"id": cid, "workload_id": m.workload_id, "created_at": m.created_at,
                         "created_unix": m.created_unix, "bytes": m.total_bytes, "backend": m.backend,
                         "mode": m.mode, "parent": m.parent, "signed": signed, "error": None})
