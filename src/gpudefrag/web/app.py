@@ -32,6 +32,14 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 WorkloadId = Annotated[str, PathParam(min_length=1, max_length=253)]
 
 
+def _errors(**codes: str) -> dict[int | str, dict[str, Any]]:
+    """Document the error answers an endpoint gives (all carry {"detail": "..."})."""
+    return {int(k.removeprefix("e")): {"model": schemas.Error, "description": v} for k, v in codes.items()}
+
+
+NOT_FOUND = "no such workload"
+
+
 def create_app(
     source: ClusterSource,
     *,
@@ -124,14 +132,16 @@ def create_app(
         """Every pending GPU job with its diagnosis (ordinary causes first, fragmentation last)."""
         return pending_view(source.state())
 
-    @app.get("/api/workloads/{workload_id}", response_model=schemas.WorkloadInfo, tags=["dashboard"])
+    @app.get("/api/workloads/{workload_id}", response_model=schemas.WorkloadInfo, tags=["dashboard"],
+             responses=_errors(e404=NOT_FOUND))
     def get_workload(workload_id: WorkloadId) -> dict[str, Any]:
         state = source.state()
         if workload_id not in state.workload_index:
             raise HTTPException(404, f"no workload {workload_id!r}")
         return workload_info(state.workload(workload_id))
 
-    @app.get("/api/pending/{workload_id}/plan", response_model=schemas.PlanPreview, tags=["dashboard"])
+    @app.get("/api/pending/{workload_id}/plan", response_model=schemas.PlanPreview, tags=["dashboard"],
+             responses=_errors(e404=NOT_FOUND, e409="the workload is not pending"))
     def get_plan(workload_id: WorkloadId) -> dict[str, Any]:
         """The plan preview for one pending job: its diagnosis, the moves with their costs, the node that becomes
         whole, and the map of the touched nodes before and after."""
@@ -163,8 +173,8 @@ def create_app(
     # ------------------------------------------------------------------------------------------------ actions
     @app.post("/api/pending/{workload_id}/apply", response_model=schemas.ApplyResult, tags=["actions"],
               dependencies=[Depends(guard)],
-              responses={401: {"description": "no valid bearer token"}, 403: {"description": "actions off"},
-                         409: {"description": "stale version, infeasible plan or read-only engine"}})
+              responses=_errors(e401="no valid bearer token", e403="actions are off", e404=NOT_FOUND,
+                                e409="stale version, not pending, no feasible plan, or a read-only engine"))
     def apply_plan(
         workload_id: WorkloadId,
         version: Annotated[int | None, Query(description="the version the preview was made from")] = None,
@@ -196,8 +206,8 @@ def create_app(
 
     @app.post("/api/workloads/{workload_id}/checkpoint", response_model=schemas.CheckpointResult,
               tags=["actions"], dependencies=[Depends(guard)],
-              responses={401: {"description": "no valid bearer token"}, 403: {"description": "actions off"},
-                         409: {"description": "not running, or read-only engine"}})
+              responses=_errors(e401="no valid bearer token", e403="actions are off", e404=NOT_FOUND,
+                                e409="not running, or a read-only engine"))
     def checkpoint(workload_id: WorkloadId) -> dict[str, Any]:
         """Trigger a checkpoint. On the in-memory cluster this records a fresh checkpoint at the cluster's clock,
         so moving the workload loses no work."""

@@ -7,6 +7,10 @@ from typing import Any
 from pydantic import BaseModel
 
 
+class Error(BaseModel):
+    detail: str
+
+
 class Config(BaseModel):
     engine: str
     mutable: bool
