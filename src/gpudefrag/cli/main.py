@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "gpudefrag.cli.plan_cmd",
     "gpudefrag.cli.checkpoint_cmd",
     "gpudefrag.cli.serve_cmd",
+    "gpudefrag.cli.kube_cmds",
 )
 
 for _name in COMMAND_MODULES:

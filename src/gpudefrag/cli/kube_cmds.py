@@ -1,0 +1,196 @@
+"""`gpudefrag kube diagnose | snapshot | plan`: Kubernetes clusters, live (`--kube [--context C]`) or from a
+`kubectl get nodes,pods,resourcequotas,poddisruptionbudgets,events -A -o json` dump (a file or a folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..engines.kubernetes import (
+    Executor,
+    InMemoryApi,
+    KubeCluster,
+    MoveOptions,
+    SimpleMove,
+    build_moves,
+    diagnose_kube,
+    load_kube,
+)
+from ..engines.kubernetes.convert import as_dict_info
+from ..snapshot import state_to_dict, write_json_atomic
+from .common import JsonOpt, console, emit_json, fail
+from .core_cmds import print_diagnosis
+
+kube_app = typer.Typer(help="Kubernetes: diagnose a live cluster or a kubectl dump, snapshot it, plan moves as "
+                       "API operations.", no_args_is_help=True)
+
+SourceArg = typer.Argument(None, help="kubectl dump: a JSON/YAML List file or a folder of them")
+KubeOpt = typer.Option(False, "--kube", help="Read the live cluster (kubeconfig, or in-cluster)")
+ContextOpt = typer.Option(None, "--context", help="kubeconfig context (implies --kube)")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(kube_app, name="kube")
+
+
+def _load(source: Path | None, kube: bool, context: str | None) -> KubeCluster:
+    return load_kube(source, live=kube, context=context)
+
+
+def _src(source: Path | None, cluster: KubeCluster) -> str:
+    return str(source) if source is not None else cluster.source
+
+
+@kube_app.command("diagnose")
+def kube_diagnose(
+    source: Path = SourceArg,
+    kube: bool = KubeOpt,
+    context: str = ContextOpt,
+    job: str = typer.Option(None, "--job", help="Only this pending pod (namespace/name)"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Why each pending GPU pod waits: the computed causes, with the scheduler's own message as evidence."""
+    cluster = _load(source, kube, context)
+    if job is not None and job not in cluster.state.workload_index:
+        raise fail(f"{_src(source, cluster)}: no pod {job!r}")
+    diags = diagnose_kube(cluster, [job] if job else None)
+    if json_out:
+        emit_json({"source": _src(source, cluster), "warnings": list(cluster.warnings),
+                   "diagnoses": [d.as_dict() for d in diags]})
+        return
+    for w in cluster.warnings:
+        console.print(f"[yellow]warning[/]: {escape(w)}")
+    if not diags:
+        console.print("no pending GPU pods")
+        return
+    for d in diags:
+        print_diagnosis(d.diagnosis)
+        extra = [f"scheduler {d.agreement}"]
+        if d.owner:
+            extra.append(f"owner {d.owner}")
+        if d.priority_class:
+            extra.append(f"priorityClass {d.priority_class}")
+        console.print(f"     [dim]{escape(', '.join(extra))}[/]")
+        for r in d.autoscaler:
+            console.print(f"     [dim]autoscaler: {escape(r.text)}[/]")
+
+
+@kube_app.command("snapshot")
+def kube_snapshot(
+    source: Path = SourceArg,
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write the gpudefrag snapshot (JSON)"),
+    kube: bool = KubeOpt,
+    context: str = ContextOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Write the cluster as a gpudefrag snapshot, for the other commands (`frag`, `plan`, `simulate`)."""
+    cluster = _load(source, kube, context)
+    write_json_atomic(out, state_to_dict(cluster.state))
+    info = {"out": str(out), "nodes": len(cluster.state.nodes), "workloads": len(cluster.state.workloads),
+            "pending": len(cluster.state.pending), "warnings": list(cluster.warnings)}
+    if json_out:
+        emit_json(info)
+    else:
+        console.print(f"wrote {escape(str(out))}: {info['nodes']} nodes, {info['workloads']} workloads "
+                      f"({info['pending']} pending)")
+
+
+def _movable(cluster: KubeCluster, policy_path: Path | None) -> tuple[object, int | None]:
+    """The planner's filter: pods whose owner gpudefrag can move (bare, ReplicaSet) and that the policy allows."""
+    flt = None
+    budget = None
+    if policy_path is not None:
+        from ..policy import load_policy
+
+        pol = load_policy(policy_path)
+        flt = pol.filter
+        budget = pol.budgets.max_moves_per_plan
+
+    def movable(w: object) -> bool:
+        info = cluster.pods.get(w.id)  # type: ignore[attr-defined]
+        if info is None or info.synthetic or (info.owner and info.owner.kind != "ReplicaSet"):
+            return False
+        return flt is None or flt.matches(w)  # type: ignore[arg-type]
+
+    return movable, budget
+
+
+@kube_app.command("plan")
+def kube_plan(
+    source: Path = SourceArg,
+    kube: bool = KubeOpt,
+    context: str = ContextOpt,
+    job: str = typer.Option(None, "--job", help="Plan for this pending pod (default: the oldest pending GPU pod)"),
+    move: list[str] = typer.Option(None, "--move", help="WORKLOAD=NODE: build this move instead of planning "
+                                   "(repeatable)"),
+    checkpoint: str = typer.Option("auto", "--checkpoint", help="auto | kubelet | app"),
+    policy: Path = typer.Option(None, "--policy", help="Policy file (filter and disruption budget)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Run the operations against an in-memory copy of the "
+                                 "cluster and show what each step did"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """The moves that let a pending pod land, each as the list of API operations that performs it.
+    Exit 1 when no plan exists or a move is refused."""
+    if checkpoint not in ("auto", "kubelet", "app"):
+        raise fail("--checkpoint must be auto, kubelet or app")
+    cluster = _load(source, kube, context)
+    state = cluster.state
+    src = _src(source, cluster)
+    movable, budget = _movable(cluster, policy)
+    plan_doc: dict[str, object] | None = None
+    if move:
+        moves = []
+        for m in move:
+            wid, sep, node = m.partition("=")
+            if not sep or wid not in state.workload_index:
+                raise fail(f"--move {m!r}: expected WORKLOAD=NODE with a pod of {src}")
+            info = cluster.pods[wid]
+            if info.node is None:
+                raise fail(f"--move {m!r}: {wid} is not running")
+            moves.append(SimpleMove(wid, info.node, node))
+    else:
+        from ..core.planner import PlanOptions, plan_for
+
+        pending = [w.id for w in state.pending if w.request.gpus_per_node > 0]
+        wid = job or (pending[0] if pending else None)
+        if wid is None or wid not in state.workload_index:
+            raise fail(f"{src}: no pending GPU pod" + (f" {job!r}" if job else ""))
+        opts = PlanOptions(movable=movable, max_moves=budget or 8)  # type: ignore[arg-type]
+        plan = plan_for(state, wid, opts)
+        plan_doc = plan.as_dict()
+        if not plan.feasible:
+            if json_out:
+                emit_json({"source": src, "plan": plan_doc, "moves": []})
+            else:
+                console.print(f"[red]no plan[/] for {escape(wid)}: {escape(plan.reason)}")
+            raise typer.Exit(1)
+        moves = list(plan.moves)
+    seqs = build_moves(cluster, moves, MoveOptions(checkpoint=checkpoint), budget)
+    results = []
+    if dry_run and all(s.ok for s in seqs):
+        api = InMemoryApi(cluster)
+        ex = Executor(api, publish=lambda node, archive, image: None, sleep=lambda s: None)
+        results = [ex.run(s, state.workload(s.workload_id).versions) for s in seqs]
+    if json_out:
+        emit_json({"source": src, "plan": plan_doc, "moves": [s.as_dict() for s in seqs],
+                   "pods": [as_dict_info(cluster.pods[s.workload_id]) for s in seqs if s.workload_id in cluster.pods],
+                   "dry_run": [r.as_dict() for r in results]})
+    else:
+        for s in seqs:
+            head = f"[bold]{escape(s.workload_id)}[/] {escape(s.source)} → {escape(s.target)}"
+            if not s.ok:
+                console.print(f"{head}: [red]refused[/]: {escape(s.refused or '')}")
+                continue
+            console.print(f"{head} ({s.strategy}, checkpoint: {s.checkpoint_mode}, move {s.move_id})")
+            t = Table(box=None, show_header=False, pad_edge=False)
+            for i, op in enumerate(s.ops, 1):
+                t.add_row(str(i), op.kind.value, op.verb, escape(op.path), escape(op.detail))
+            console.print(t)
+        for r in results:
+            colour = "green" if r.ok else "red"
+            console.print(f"dry run {escape(r.workload_id)}: [{colour}]{'ok' if r.ok else escape(r.error)}[/]")
+    if not all(s.ok for s in seqs) or not all(r.ok for r in results):
+        raise typer.Exit(1)
