@@ -220,3 +220,53 @@ def test_loopback_server_rejects_foreign_host_headers(source: MemorySource) -> N
     c = TestClient(create_app(source, allowed_hosts=["127.0.0.1", "localhost"]), base_url="http://127.0.0.1")
     assert c.get("/api/summary").status_code == 200
     assert c.get("/api/summary", headers={"Host": "attacker.example"}).status_code == 400
+
+
+def test_history_and_metrics_read_the_real_journal(source: MemorySource, tmp_path) -> None:
+    from gpudefrag.control.journal import Journal, MigrationState
+
+    clock = iter([100.0, 130.0, 200.0, 205.0, 300.0]).__next__  # one reading per create/transition
+    path = tmp_path / "journal.sqlite"
+    with Journal(path, clock=clock) as j:
+        a = j.create("train-resnet", "gpu-node-a", "gpu-node-b", reason="make room for pretrain-8gpu")
+        j.transition(a.id, MigrationState.DONE, detail="restored")
+        b = j.create("rl-agent", "gpu-node-d", "gpu-node-c", reason="make room")
+        j.transition(b.id, MigrationState.ROLLED_BACK, detail="restore refused: incompatible", reason="incompatible")
+        j.create("eval-harness", "gpu-node-c", "gpu-node-a")
+    c = TestClient(create_app(source, journal=path))
+    h = c.get("/api/history").json()
+    assert h["note"] == ""
+    got = [(m["workload_id"], m["state"], m["origin"], [s["state"] for s in m["steps"]]) for m in h["moves"]]
+    assert got == [
+        ("eval-harness", "planned", "journal", ["planned"]),
+        ("rl-agent", "rolled-back", "journal", ["planned", "rolled-back"]),
+        ("train-resnet", "done", "journal", ["planned", "done"]),
+    ]
+    assert h["moves"][1]["reason"] == "incompatible"
+    from .test_metrics import one, scrape
+
+    m = scrape(c)
+    assert {k[0][1]: v for k, v in m["gpudefrag_moves_total"].items()} == {"done": 1, "rolled-back": 1, "planned": 1}
+    assert one(m, "gpudefrag_move_duration_seconds_count") == 2  # the planned one has not finished
+    assert one(m, "gpudefrag_move_duration_seconds_sum") == 30 + 5
+    # GPU-seconds moving: train-resnet holds 3 GPUs for 30 s, rl-agent 2 for 5 s, eval-harness 1 for 0 s
+    assert one(m, "gpudefrag_moving_gpu_seconds_total") == 3 * 30 + 2 * 5
+
+
+def test_a_live_engine_is_observed_and_read_only() -> None:
+    from gpudefrag.demo import demo_state
+    from gpudefrag.engines.sim import SimEngine
+    from gpudefrag.web.source import EngineSource
+
+    now = [0.0]
+    src = EngineSource(SimEngine(demo_state()), "sim-engine", ttl_s=5.0, clock=lambda: now[0])
+    c = TestClient(create_app(src, token=TOKEN))
+    cfg = c.get("/api/config").json()
+    assert cfg["engine"] == "sim-engine" and not cfg["mutable"] and not cfg["actions_enabled"]
+    assert c.get("/api/summary").json()["free_gpus"] == 12
+    assert len(c.get("/api/timeseries").json()) == 1  # observed once within the TTL
+    now[0] = 6.0
+    assert len(c.get("/api/timeseries").json()) == 2  # the TTL passed: observed again, one more sample
+    r = c.post("/api/pending/pretrain-8gpu/apply", headers=AUTH)
+    assert r.status_code == 409 and "read-only" in r.json()["detail"]
+    assert c.get("/api/summary").json()["whole_free_nodes"] == 0

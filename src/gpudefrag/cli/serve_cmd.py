@@ -89,11 +89,16 @@ def _source(engine: EngineName, snapshot: Path | None):  # type: ignore[no-untyp
         live = make_engine(engine.value)
     except ImportError as e:
         raise fail(f"the {engine.value} engine is not available: {e}") from None
+    except Exception as e:
+        raise fail(f"cannot start the {engine.value} engine: {e}") from None
+    src = EngineSource(live, engine.value)
+    try:
+        src.state()  # observe once now: a cluster we cannot read is an error at startup, not on every page
     except InputError:
         raise
     except Exception as e:
-        raise fail(f"cannot start the {engine.value} engine: {e}") from None
-    return EngineSource(live, engine.value)
+        raise fail(f"cannot observe the {engine.value} cluster: {e}") from None
+    return src
 
 
 def _run(source, host: str, port: int, *, allow_remote: bool, token: str | None,  # type: ignore[no-untyped-def]

@@ -24,6 +24,7 @@ from .views import map_request, stranded_by_shape
 
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 PREFIX = "gpudefrag"
+FINISHED = frozenset({"done", "rolled-back", "cold-started", "aborted"})  # the journal's terminal states
 
 
 def _ts(v: Any) -> float | None:
@@ -55,11 +56,13 @@ def move_stats(state: ClusterState, source: ClusterSource, journal: list[dict[st
         gpu_s += m.gpu_s or m.duration_s * m.gpus
         lost += m.lost_work_gpu_s
     for row in journal:
-        outcomes[str(row.get("state", "unknown"))] += 1
+        state_name = str(row.get("state", "unknown"))
+        outcomes[state_name] += 1
         start, end = _ts(row.get("created_at")), _ts(row.get("updated_at"))
         if start is None or end is None or end < start:
             continue
-        durations.append(end - start)
+        if state_name in FINISHED:  # a move still in flight has no duration yet
+            durations.append(end - start)
         wid = row.get("workload_id")
         gpus = 0
         if isinstance(wid, str) and wid in state.workload_index:

@@ -153,17 +153,17 @@ class EngineSource(ClusterSource):
             return self._state
 
 
+ENGINE_CLASSES = {
+    "slurm": ("gpudefrag.engines.slurm", "SlurmEngine"),
+    "kubernetes": ("gpudefrag.engines.kubernetes", "KubernetesEngine"),
+}
+
+
 def make_engine(name: str) -> Any:
-    """Construct a live engine by name, using whichever constructor its module offers."""
-    module = importlib.import_module(f"gpudefrag.engines.{name}")
-    for factory in ("from_env", "default_engine", "make_engine"):
-        if hasattr(module, factory):
-            return getattr(module, factory)()
-    for attr in dir(module):
-        obj = getattr(module, attr)
-        if isinstance(obj, type) and attr.lower() == f"{name}engine" and hasattr(obj, "observe"):
-            return obj()
-    raise RuntimeError(f"gpudefrag.engines.{name} offers no engine constructor the dashboard knows")
+    """Construct a live engine by name with its defaults (Slurm: the CLI tools on PATH; Kubernetes: the current
+    kubeconfig context)."""
+    module, cls = ENGINE_CLASSES[name]
+    return getattr(importlib.import_module(module), cls)()
 
 
 def move_records(state: ClusterState, plan: Any, at: float, reason: str) -> list[MoveRecord]:
