@@ -147,9 +147,14 @@ def print_diagnosis(d: Diagnosis) -> None:
 # ---------------------------------------------------------------------------------------------- demo
 def demo(
     json_out: bool = JsonOpt,
+    serve: bool = typer.Option(False, "--serve", help="Open the demo cluster in the dashboard on 127.0.0.1"),
 ) -> None:
     """The whole story on an embedded 4-node cluster: the GPU map, why the 8-GPU job waits, the cheapest plan
     to free a node, and the cluster after it."""
+    if serve:
+        from .serve_cmd import serve_state
+
+        return serve_state(demo_state())
     state = demo_state()
     pending = state.pending[0]
     diag = diagnose_all(state)[0]
