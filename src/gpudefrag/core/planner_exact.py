@@ -11,20 +11,91 @@ keep their GPUs and arrivals are given explicit GPUs, the model's answer is a co
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from .model import MILLI, Request
+from .planner_heuristic import room_bound
 from .planner_problem import BIG, Part, Problem, Work
 from .planner_types import Plan
 
 
+@dataclass
+class Answer:
+    status: str  # "optimal" | "feasible" | "infeasible" | "unknown" | "unorderable"
+    work: Work | None = None
+    wall_s: float = 0.0
+
+
 def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | None) -> Plan | None:
-    """An exact plan (optimal when proven), an infeasible Plan when the model is proven infeasible, or None
-    when the solver found nothing within its time limit or its answer cannot be executed in sequence."""
+    """An exact plan (`optimal` when proven), an infeasible Plan when no plan exists (proven), or None when
+    the solver found nothing better within its time budget.
+
+    A single-node request is decomposed by target node: the cheapest set of a node's own workloads whose
+    departure makes room is a lower bound on any plan landing there (moves elsewhere only add cost), so the
+    nodes are visited in bound order, each with CP-SAT and the target fixed, until the bound reaches the best
+    plan found — often at once, when the heuristic's plan meets the smallest bound."""
     from .planner import _infeasible, plan_from_work  # the entry module builds Plans
 
+    opts = p.opts
+    if len(parts) != 1:
+        ans = cp_sat(p, parts, hint)
+        if ans.status == "infeasible":
+            return _infeasible(request, _NO_PLAN.format(opts.max_moves, opts.max_moves_per_node), "exact")
+        if ans.work is None:
+            return None
+        return plan_from_work(p, ans.work, request, "exact", ans.status == "optimal",
+                              ("found by CP-SAT over all nodes",))
+    part = parts[0]
+    base = Work(p)
+    if hint is not None and not hint.order:  # it fits without moves: nothing is cheaper
+        return plan_from_work(p, hint, request, "exact", True)
+    bounds = [(room_bound(p, base, part, int(i)), int(i)) for i in np.flatnonzero(part.eligible)]
+    have = (p.state.free_milli >= part.milli).sum(axis=1)
+    bounds = sorted((b, -int(have[i]), i) for b, i in bounds if np.isfinite(b))
+    best = hint
+    best_score = hint.score if hint is not None else float("inf")
+    proven = True
+    improved = 0
+    visited = 0
+    budget = opts.time_limit_s
+    for b, _h, i in bounds:
+        if b >= best_score - 1e-9:
+            break
+        if budget <= 0:
+            proven = False
+            break
+        same = hint is not None and hint.reserved and hint.reserved[0][1] == i
+        ans = cp_sat(p, parts, hint if same else None, only_node=i,
+                     upper=None if best is None else best_score, time_limit=budget,
+                     bystander_max=best_score - b + 1e-6)
+        budget -= ans.wall_s
+        visited += 1
+        if ans.work is not None and ans.work.score < best_score - 1e-9:
+            best, best_score = ans.work, ans.work.score
+            improved += 1
+        if ans.status not in ("optimal", "infeasible"):
+            proven = False
+    if best is None:
+        if proven:
+            return _infeasible(request, _NO_PLAN.format(opts.max_moves, opts.max_moves_per_node), "exact")
+        return None
+    how = (f"lower bounds on {len(bounds)} candidate nodes, CP-SAT on {visited}"
+           + (", which improved the heuristic's plan" if improved else ", none cheaper than the heuristic's plan"))
+    return plan_from_work(p, best, request, "exact", proven, (how,))
+
+
+_NO_PLAN = ("no set of at most {} moves (at most {} per node) frees room for the request "
+            "(proven by the exact solver)")
+
+
+def cp_sat(p: Problem, parts: list[Part], hint: Work | None, *, only_node: int | None = None,
+           upper: float | None = None, time_limit: float | None = None, bystander_max: float = np.inf) -> Answer:
+    """Solve the model; `only_node` fixes where the (single) part lands, `upper` cuts plans scoring more, and
+    workloads off `only_node` whose move alone costs `bystander_max` or more stay put (they cannot be part of
+    a plan under `upper`)."""
     st = p.state
     nn = len(st.nodes)
     opts = p.opts
@@ -34,7 +105,11 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
     cap_mem = np.array([nd.memory_mib for nd in st.nodes])
     m = cp_model.CpModel()
 
-    movable = [wi for wi in range(len(p.ws)) if not p.multi[wi] and p.why_not_movable(wi) is None]
+    movable = [
+        wi for wi in range(len(p.ws))
+        if not p.multi[wi] and p.why_not_movable(wi) is None
+        and (only_node is None or p.src[wi] == only_node or p.score_lb[wi] < bystander_max)
+    ]
     x: dict[tuple[int, int], cp_model.IntVar] = {}
     arrivals: dict[int, list[int]] = defaultdict(list)
     leaving: dict[int, list[int]] = defaultdict(list)
@@ -61,10 +136,9 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
     y: dict[tuple[int, int], cp_model.IntVar] = {}
     for k, part in enumerate(parts):
         el = part.eligible & ((cap_cpu == 0) | (cap_cpu >= part.cpu)) & ((cap_mem == 0) | (cap_mem >= part.mem))
-        cands = [int(n) for n in np.flatnonzero(el)]
+        cands = [int(n) for n in np.flatnonzero(el) if only_node is None or n == only_node]
         if not cands:
-            return _infeasible(request, "no node is eligible for the request (GPU model, selector, taints, size)",
-                               "exact", ())
+            return Answer("infeasible")
         for n in cands:
             y[k, n] = m.NewBoolVar(f"y{k}_{n}")
         m.AddExactlyOne(y[k, n] for n in cands)
@@ -158,9 +232,13 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
     tie_max = opts.max_moves + sum(int(usable.max(initial=0)) for _ in parts) + 1
     weight = 10 * tie_max
     obj = []
+    cost_terms = []
     for (wi, n), v in x.items():
         c = round(p.move_cost(wi, int(p.src[wi]), n).score * 1000)
         obj.append((c * weight + 1) * v)
+        cost_terms.append(c * v)
+    if upper is not None and cost_terms:
+        m.Add(sum(cost_terms) <= round(upper * 1000))
     for (_k, n), v in y.items():
         busy = int(usable[n] - whole_now[n])
         if busy:
@@ -175,15 +253,15 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
             m.AddHint(v, 1 if key in chosen else 0)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = opts.time_limit_s
+    solver.parameters.max_time_in_seconds = time_limit or opts.time_limit_s
     solver.parameters.num_workers = max(1, opts.workers)
     solver.parameters.random_seed = 1
     status = solver.Solve(m)
+    wall = solver.WallTime()
     if status == cp_model.INFEASIBLE:
-        return _infeasible(request, f"no set of at most {opts.max_moves} moves (at most {opts.max_moves_per_node} "
-                           "per node) frees room for the request (proven by the exact solver)", "exact", ())
+        return Answer("infeasible", None, wall)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
+        return Answer("unknown", None, wall)
 
     # read the answer: targets and GPUs of moved workloads, GPUs of the parts
     dest: dict[int, int] = {wi: n for (wi, n), v in x.items() if solver.Value(v)}
@@ -211,12 +289,11 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
             del pool[n][: parts[k].gpus]
     work = _sequence(p, dest, gpus_of)
     if work is None:
-        return None
+        return Answer("unorderable", None, wall)
     for k in range(len(parts)):
         work.reserve(parts[k], place[k], gpus_of[("p", k)])
-    optimal = status == cp_model.OPTIMAL
     assert movable_set.issuperset(dest)
-    return plan_from_work(p, work, request, "exact", optimal)
+    return Answer("optimal" if status == cp_model.OPTIMAL else "feasible", work, wall)
 
 
 def _sequence(p: Problem, dest: dict[int, int], gpus_of: dict[object, tuple[int, ...]]) -> Work | None:

@@ -46,6 +46,31 @@ def cheapest_subsets(costs: list[float], max_size: int) -> Iterator[tuple[int, .
             heapq.heappush(heap, (s - costs[last] + costs[last + 1], last + 1, (*sub[:-1], last + 1)))
 
 
+def room_bound(p: Problem, work: Work, part: Part, i: int) -> float:
+    """A lower bound on the score of any plan that lands `part` on node i: the cheapest set of i's movable
+    workloads (by their cheapest possible move) whose departure makes room. inf: no such set."""
+    items = [int(wi) for wi in p.on_node(i) if int(wi) not in work.moved and p.why_not_movable(int(wi)) is None]
+    items.sort(key=lambda wi: (p.score_lb[wi], wi))
+    costs = [float(p.score_lb[wi]) for wi in items]
+    max_size = min(work.moves_left(), p.opts.max_moves_per_node - int(work.touched[i]), len(items))
+    last = 0.0
+    for k, sub in enumerate(cheapest_subsets(costs, max_size)):
+        last = sum(costs[j] for j in sub)
+        if k >= SUBSET_LIMIT * 10:
+            return last  # every cheaper set was tried and does not make room
+        row = work.free[i].copy()
+        cpu, mem = work.cpu[i], work.mem[i]
+        for j in sub:
+            wi = items[j]
+            for g in p.ws[wi].placements[0].gpus:
+                row[g] += p.milli[wi]
+            cpu += p.cpu[wi]
+            mem += p.mem[wi]
+        if fits_rows(row[None, :], np.array([cpu]), np.array([mem]), part.gpus, part.milli, part.cpu, part.mem)[0]:
+            return last
+    return float("inf")
+
+
 def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.ndarray:
     """Per node, a lower bound on the score of clearing room for `part` there (inf: impossible or not allowed).
 

@@ -8,7 +8,7 @@ workloads a solver actually looks at.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -89,6 +89,13 @@ class Problem:
         )
         self.gpu_eq = self.gpus * np.minimum(self.milli, MILLI) / MILLI
         self.score = self.cm.score_vector(ckpt, self.now - last, self.gpu_eq, fresh_checkpoint=options.fresh_checkpoint)
+        # the same with the fastest link anywhere: never above a move's real score (for lower bounds)
+        fastest = max([self.cm.transfer_bps, *self.cm.link_bps.values()])
+        self.score_lb = (
+            self.score if fastest == self.cm.transfer_bps
+            else replace(self.cm, transfer_bps=fastest).score_vector(
+                ckpt, self.now - last, self.gpu_eq, fresh_checkpoint=options.fresh_checkpoint)
+        )
         self.multi = self.src < 0
         key = np.where(self.multi, len(state.nodes), self.src)
         self._order = np.argsort(key, kind="stable")
