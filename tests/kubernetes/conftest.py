@@ -1,0 +1,16 @@
+"""Fixtures for the Kubernetes tests: the recorded-shape dumps in fixtures/ (see fixtures/make_fixtures.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpudefrag.engines.kubernetes import KubeCluster, load_dump
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def frag_cluster() -> KubeCluster:
+    return load_dump(FIXTURES / "fragmentation.json")
