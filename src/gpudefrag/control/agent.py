@@ -1,0 +1,188 @@
+"""The executor's channel to the job wrapper inside each job: ask for a checkpoint, read its outcome, leave a
+restore ticket for the job's next start, read how that start went.
+
+`FileAgent` is the real one (files under a shared run directory, plus the signed checkpoint store); the
+simulated engine implements the same protocol in memory. Every call is idempotent: a request id asked twice is
+answered once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+class CkptState(StrEnum):
+    PENDING = "pending"  # asked, no answer yet
+    OK = "ok"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class CkptStatus:
+    state: CkptState
+    ckpt_id: str | None = None
+    reason: str = ""  # a stable checkpoint reason code when failed (checkpoint-failed, store-full, ...)
+    detail: str = ""
+    still_running: bool = True  # after a failure: is the workload still running where it was?
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What the job must do at its next start: restore `ckpt_id` (None: no usable checkpoint) — and why."""
+
+    id: str
+    ckpt_id: str | None
+    reason: str = ""
+
+
+class RunPhase(StrEnum):
+    STARTING = "starting"
+    RESTORED = "restored"
+    COLD_STARTED = "cold-started"  # started fresh although a restore was wanted; `reason` says why
+    FRESH = "fresh"  # a first start, nothing to restore
+    CHECKPOINTED = "checkpointed"  # stopped for a move, waiting to be requeued
+    EXITED = "exited"
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    phase: RunPhase
+    node: str = ""
+    ticket_id: str | None = None  # the ticket this start handled
+    ckpt_id: str | None = None  # what it restored
+    reason: str = ""
+    pid: int | None = None
+    at: float = 0.0
+
+
+@runtime_checkable
+class Agent(Protocol):
+    def request_checkpoint(self, workload_id: str, request_id: str, *, stop: bool) -> None: ...
+
+    def checkpoint_status(self, workload_id: str, request_id: str) -> CkptStatus: ...
+
+    def cancel_checkpoint(self, workload_id: str, request_id: str) -> None: ...
+
+    def verify(self, ckpt_id: str) -> tuple[bool, str]:
+        """(ok, reason code) from the signed store."""
+        ...
+
+    def set_ticket(self, workload_id: str, ticket: Ticket) -> None: ...
+
+    def run_status(self, workload_id: str) -> RunStatus | None: ...
+
+
+# ---------------------------------------------------------------------------------------------- files
+def write_json_durable(path: Path, doc: Any) -> None:
+    """Write-then-rename with fsync: a reader never sees half a file, a crash never leaves one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, OSError):
+        return None
+
+
+class JobDir:
+    """The files one job's wrapper and the controller share: `<run_dir>/<workload_id>/...`."""
+
+    def __init__(self, run_dir: Path, workload_id: str) -> None:
+        self.root = Path(run_dir) / workload_id
+
+    @property
+    def requests(self) -> Path:
+        return self.root / "requests"
+
+    @property
+    def responses(self) -> Path:
+        return self.root / "responses"
+
+    @property
+    def ticket(self) -> Path:
+        return self.root / "ticket.json"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def node_file(self) -> Path:
+        """The node the workload runs on now: restored processes keep their old environment, so they read this."""
+        return self.root / "node"
+
+    def request(self, request_id: str) -> Path:
+        return self.requests / f"{request_id}.json"
+
+    def response(self, request_id: str) -> Path:
+        return self.responses / f"{request_id}.json"
+
+
+class FileAgent:
+    """The agent for wrapper jobs (`gpudefrag run`): request files, response files, a ticket and a status file
+    in a directory both sides see, checkpoints verified in the signed store. `signal` (optional) wakes the
+    wrapper at once (Slurm: `scancel --signal=USR2 --batch`); without it the wrapper finds the file on its own."""
+
+    def __init__(self, run_dir: str | Path, store: Any, *, signal: Any = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.store = store
+        self.signal = signal
+
+    def request_checkpoint(self, workload_id: str, request_id: str, *, stop: bool) -> None:
+        jd = JobDir(self.run_dir, workload_id)
+        if jd.request(request_id).exists() or jd.response(request_id).exists():
+            return
+        write_json_durable(jd.request(request_id), {"id": request_id, "stop": stop, "at": time.time()})
+        if self.signal is not None:
+            with contextlib.suppress(Exception):  # the file is the request; the signal only hurries it
+                self.signal(workload_id)
+
+    def checkpoint_status(self, workload_id: str, request_id: str) -> CkptStatus:
+        doc = read_json(JobDir(self.run_dir, workload_id).response(request_id))
+        if doc is None:
+            return CkptStatus(CkptState.PENDING)
+        return CkptStatus(CkptState(doc["state"]), doc.get("ckpt_id"), doc.get("reason", ""),
+                          doc.get("detail", ""), bool(doc.get("still_running", True)))
+
+    def cancel_checkpoint(self, workload_id: str, request_id: str) -> None:
+        JobDir(self.run_dir, workload_id).request(request_id).unlink(missing_ok=True)
+
+    def verify(self, ckpt_id: str) -> tuple[bool, str]:
+        v = self.store.verify(ckpt_id)
+        return bool(v.ok), str(v.reason)
+
+    def set_ticket(self, workload_id: str, ticket: Ticket) -> None:
+        write_json_durable(JobDir(self.run_dir, workload_id).ticket, asdict(ticket))
+
+    def run_status(self, workload_id: str) -> RunStatus | None:
+        doc = read_json(JobDir(self.run_dir, workload_id).status)
+        if doc is None:
+            return None
+        return RunStatus(RunPhase(doc["phase"]), doc.get("node", ""), doc.get("ticket_id"), doc.get("ckpt_id"),
+                         doc.get("reason", ""), doc.get("pid"), float(doc.get("at", 0.0)))

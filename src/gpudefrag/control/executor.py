@@ -1,0 +1,323 @@
+"""The migration state machine.
+
+    planned → checkpointing → checkpointed (verified) → requeued-held → pinned → released → restoring
+            → running-on-target → done
+    failures: checkpoint failed (job still running) → rolled-back; checkpoint unusable, target drained, restore
+    timed out → rolling-back (requeued to the source, restored there or cold-started) → rolled-back | cold-started
+
+Every transition is written to the journal *before* it is acted on, and every state's handler is an "ensure":
+it looks at the scheduler and the wrapper, does only what is still missing, and moves on when its condition
+holds. So a controller killed anywhere and restarted repeats at most one idempotent action per migration.
+`tick()` never blocks: the controller calls it every cycle.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..engines.base import Engine, EngineError, JobPhase
+from .agent import Agent, CkptState, RunPhase, Ticket
+from .journal import Journal, Migration
+from .journal import MigrationState as S
+
+
+class MoveLike(Protocol):
+    """What the executor needs of a planned move (`gpudefrag.core.planner.Move` has it)."""
+
+    workload_id: str
+    source: str
+    target: str
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    max_concurrent: int = 2
+    max_per_node: int = 1
+    max_per_hour: int | None = None
+    checkpoint_timeout_s: float = 300.0
+    restore_timeout_s: float = 300.0
+    fallback: str = "rollback"  # "evict": a failed checkpoint restarts the job on the target instead
+
+    @staticmethod
+    def from_policy(policy: Any) -> ExecutorConfig:
+        b = policy.budgets
+        return ExecutorConfig(b.max_concurrent, b.max_per_node, b.max_per_hour, b.checkpoint_timeout_s,
+                              b.restore_timeout_s, policy.action.fallback)
+
+
+@dataclass(frozen=True)
+class Admission:
+    admitted: tuple[Migration, ...]
+    deferred: tuple[tuple[str, str], ...]  # (workload id, why)
+
+
+def crash_hook_from_env() -> Callable[[Migration], None] | None:
+    """Fault injection for the kill tests: GPUDEFRAG_CRASH_AT=state[,state...] makes this process SIGKILL itself
+    right after the journal made a transition into one of those states durable (before acting on it)."""
+    spec = os.environ.get("GPUDEFRAG_CRASH_AT", "").strip()
+    if not spec:
+        return None
+    states = {s.strip() for s in spec.split(",") if s.strip()}
+
+    def hook(m: Migration) -> None:
+        if m.state.value in states:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+class Executor:
+    def __init__(self, engine: Engine, agent: Agent, journal: Journal, config: ExecutorConfig | None = None, *,
+                 clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self.agent = agent
+        self.journal = journal
+        self.config = config or ExecutorConfig()
+        self.clock = clock
+        self.log = log or (lambda _msg: None)
+
+    # ------------------------------------------------------------------ admission (the disruption budget)
+    def active(self) -> list[Migration]:
+        return self.journal.active()
+
+    def busy_workloads(self) -> set[str]:
+        return {m.workload_id for m in self.active()}
+
+    def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None) -> Admission:
+        """Journal the moves the budget allows (PLANNED); the rest are deferred, each with why."""
+        active = self.active()
+        per_node: dict[str, int] = {}
+        for m in active:
+            for n in {m.source, m.target}:
+                per_node[n] = per_node.get(n, 0) + 1
+        busy = {m.workload_id for m in active}
+        started_hour = (self.journal.started_since(self.clock() - 3600)
+                        if self.config.max_per_hour is not None else 0)
+        admitted: list[Migration] = []
+        deferred: list[tuple[str, str]] = []
+        for mv in moves:
+            nodes = {mv.source, mv.target}
+            if mv.workload_id in busy:
+                deferred.append((mv.workload_id, "already being moved"))
+            elif len(active) + len(admitted) >= self.config.max_concurrent:
+                deferred.append((mv.workload_id, f"budget: {self.config.max_concurrent} moves in flight"))
+            elif any(per_node.get(n, 0) >= self.config.max_per_node for n in nodes):
+                full = "/".join(sorted(n for n in nodes if per_node.get(n, 0) >= self.config.max_per_node))
+                deferred.append((mv.workload_id,
+                                 f"budget: {self.config.max_per_node} move(s) per node in flight on {full}"))
+            elif self.config.max_per_hour is not None and started_hour + len(admitted) >= self.config.max_per_hour:
+                deferred.append((mv.workload_id, f"budget: {self.config.max_per_hour} moves per hour"))
+            else:
+                data = {"target_gpus": list(getattr(mv, "target_gpus", ()) or ())}
+                if plan:
+                    data["plan"] = plan
+                m = self.journal.create(mv.workload_id, mv.source, mv.target, reason=reason, data=data)
+                admitted.append(m)
+                busy.add(mv.workload_id)
+                for n in nodes:
+                    per_node[n] = per_node.get(n, 0) + 1
+                self.log(f"migration {m.id}: {m.workload_id} {m.source} -> {m.target} planned ({reason})")
+        return Admission(tuple(admitted), tuple(deferred))
+
+    # ------------------------------------------------------------------ driving
+    def tick(self) -> list[Migration]:
+        """Advance every in-flight migration as far as it can go without waiting. Returns those that moved."""
+        moved = []
+        for m in self.active():
+            before = m.state
+            try:
+                m = self._advance(m)
+            except EngineError as e:
+                self.log(f"migration {m.id}: {e} (will retry)")
+                continue
+            if m.state is not before:
+                moved.append(m)
+        return moved
+
+    def _advance(self, m: Migration, limit: int = 16) -> Migration:
+        for _ in range(limit):
+            nxt = self._step(m)
+            if nxt is None or nxt.terminal:
+                return nxt or m
+            if nxt.state is m.state and nxt.updated_at == m.updated_at:
+                return nxt
+            m = nxt
+        return m
+
+    def run_until_idle(self, timeout_s: float, *, sleep: Callable[[float], None] = time.sleep,
+                       period_s: float = 0.5) -> bool:
+        end = self.clock() + timeout_s
+        while self.active():
+            self.tick()
+            if not self.active():
+                break
+            if self.clock() >= end:
+                return False
+            sleep(period_s)
+        return True
+
+    def _go(self, m: Migration, state: S, detail: str = "", *, reason: str | None = None,
+            **data: Any) -> Migration:
+        m2 = self.journal.transition(m.id, state, detail=detail, reason=reason, data=data or None)
+        self.log(f"migration {m.id}: {m.workload_id} -> {state.value}" + (f" ({detail})" if detail else ""))
+        return m2
+
+    def _since(self, m: Migration) -> float:
+        return self.clock() - m.updated_at
+
+    # ------------------------------------------------------------------ the states
+    def _step(self, m: Migration) -> Migration | None:
+        w = m.workload_id
+        req = f"m{m.id}"
+        if m.state is S.PLANNED:
+            job = self.engine.job(w)
+            if job.phase is not JobPhase.RUNNING or m.source not in job.nodes:
+                return self._go(m, S.ABORTED, reason=f"job is {job.phase.value} on {','.join(job.nodes) or '-'}, "
+                                f"not running on {m.source}: nothing was changed")
+            if not self.engine.node(m.target).schedulable:
+                return self._go(m, S.ABORTED, reason=f"target {m.target} is not schedulable: nothing was changed")
+            return self._go(m, S.CHECKPOINTING, f"asking the wrapper for a checkpoint ({req})")
+
+        if m.state is S.CHECKPOINTING:
+            self.agent.request_checkpoint(w, req, stop=True)
+            st = self.agent.checkpoint_status(w, req)
+            if st.state is CkptState.PENDING:
+                if self._since(m) > self.config.checkpoint_timeout_s:
+                    self.agent.cancel_checkpoint(w, req)
+                    st2 = self.agent.checkpoint_status(w, req)  # it may have answered meanwhile
+                    if st2.state is CkptState.PENDING:
+                        return self._go(m, S.ROLLED_BACK, reason="the wrapper did not answer the checkpoint request "
+                                        f"within {self.config.checkpoint_timeout_s:g} s; the job kept running")
+                    st = st2
+                else:
+                    return None
+            if st.state is CkptState.FAILED:
+                why = f"checkpoint failed ({st.reason}: {st.detail})".replace(": )", ")")
+                if st.still_running and self.config.fallback != "evict":
+                    return self._go(m, S.ROLLED_BACK, reason=f"{why}; the job kept running on {m.source}")
+                return self._go(m, S.REQUEUED_HELD, why, reason=why, ckpt_id=None,
+                                ticket={"id": f"{req}.0", "ckpt_id": None,
+                                        "reason": f"evicted: {why}" if st.still_running else why})
+            return self._go(m, S.CHECKPOINTED, f"checkpoint {st.ckpt_id}", ckpt_id=st.ckpt_id)
+
+        if m.state is S.CHECKPOINTED:
+            ckpt = m.data.get("ckpt_id")
+            ok, code = self.agent.verify(str(ckpt))
+            if ok:
+                return self._go(m, S.REQUEUED_HELD, f"{ckpt} verified",
+                                ticket={"id": f"{req}.0", "ckpt_id": ckpt, "reason": "move"})
+            why = f"checkpoint {ckpt} failed verification ({code})"
+            return self._go(m, S.ROLLING_BACK, why, reason=why, ckpt_id=None)
+
+        if m.state is S.REQUEUED_HELD:
+            job = self.engine.job(w)
+            if job.phase is JobPhase.RUNNING:
+                self.engine.requeue_hold(w)
+                return None
+            if job.phase is JobPhase.PENDING:
+                self.engine.hold(w)
+                return None
+            if job.phase is JobPhase.COMPLETING:
+                return None
+            if job.phase is JobPhase.HELD:
+                return self._go(m, S.PINNED, f"held; pinning to {m.dest}")
+            return self._go(m, S.ABORTED, reason=f"the job {job.phase.value} during the move")
+
+        if m.state is S.PINNED:
+            if m.dest == m.target and not self.engine.node(m.target).schedulable:
+                return self._go(m, S.ROLLING_BACK, f"target {m.target} became unschedulable",
+                                reason=f"target {m.target} drained during the move")
+            if m.dest:
+                self.engine.pin(w, [m.dest])
+            else:  # rolling back and the source is taken: anywhere but the target
+                self.engine.pin(w, [], exclude=[m.target])
+            t = m.data.get("ticket") or {}
+            self.agent.set_ticket(w, Ticket(t.get("id", f"{req}.0"), t.get("ckpt_id"), t.get("reason", "")))
+            return self._go(m, S.RELEASED, f"releasing onto {m.dest}")
+
+        if m.state is S.RELEASED:
+            job = self.engine.job(w)
+            if job.phase is JobPhase.HELD:
+                self.engine.release(w)
+                return None
+            if job.phase in (JobPhase.PENDING, JobPhase.RUNNING):
+                return self._go(m, S.RESTORING, f"waiting for the job to start on {m.dest}")
+            if job.phase is JobPhase.COMPLETING:
+                return None
+            return self._go(m, S.ABORTED, reason=f"the job {job.phase.value} during the move")
+
+        if m.state is S.RESTORING:
+            return self._restoring(m)
+
+        if m.state is S.RUNNING_ON_TARGET:
+            return self._go(m, S.DONE, reason=m.reason or f"moved {m.source} -> {m.target} with its state")
+
+        if m.state is S.ROLLING_BACK:
+            t = m.data.get("ticket") or {}
+            n = int(str(t.get("id", f"{req}.0")).rsplit(".", 1)[-1]) + 1
+            ckpt = m.data.get("ckpt_id")
+            dest = m.source if self._has_room(m) else ""
+            where = f"back to {m.source}" if dest else f"{m.source} is taken: anywhere but {m.target}"
+            return self._go(m, S.REQUEUED_HELD, where, dest=dest,
+                            ticket={"id": f"{req}.{n}", "ckpt_id": ckpt,
+                                    "reason": f"rollback: {m.reason}" if m.reason else "rollback"})
+        return None
+
+    def _has_room(self, m: Migration) -> bool:
+        """Can the workload go back to its source (enough whole GPUs free there, node schedulable)?"""
+        state = self.engine.observe()
+        if m.source not in state.node_index or not state.node(m.source).schedulable:
+            return False
+        if m.workload_id not in state.workload_index:
+            return False
+        w = state.workload(m.workload_id)
+        if w.is_running and m.source in w.nodes():
+            return True
+        return len(state.free_gpus_on(m.source)) >= w.request.gpus_per_node
+
+    def _restoring(self, m: Migration) -> Migration | None:
+        w = m.workload_id
+        job = self.engine.job(w)
+        ticket = m.data.get("ticket") or {}
+        if job.phase in (JobPhase.PENDING, JobPhase.HELD):
+            if m.dest == m.target and not self.engine.node(m.target).schedulable:
+                self.engine.hold(w)
+                return self._go(m, S.ROLLING_BACK, f"target {m.target} became unschedulable",
+                                reason=f"target {m.target} drained during the move")
+            if job.phase is JobPhase.HELD:  # someone held it again: our step is to release
+                self.engine.release(w)
+            if self._since(m) > self.config.restore_timeout_s and m.dest:
+                # not started in time where it was sent (the target, or a source someone else took meanwhile):
+                # back to the source if it has room, else anywhere but the target
+                self.engine.hold(w)
+                return self._go(m, S.ROLLING_BACK, "not started in time",
+                                reason=f"the job did not start on {m.dest} within "
+                                       f"{self.config.restore_timeout_s:g} s")
+            return None
+        if job.phase is JobPhase.RUNNING:
+            rs = self.agent.run_status(w)
+            if rs is None or rs.ticket_id != ticket.get("id") or rs.phase is RunPhase.STARTING:
+                return None
+            where = job.node or rs.node
+            if rs.phase is RunPhase.RESTORED:
+                if m.dest != m.target:
+                    return self._go(m, S.ROLLED_BACK, f"restored {rs.ckpt_id} on {where}",
+                                    reason=f"{m.reason}; restored on {where} from {rs.ckpt_id}".lstrip("; "))
+                return self._go(m, S.RUNNING_ON_TARGET, f"restored {rs.ckpt_id} on {where}")
+            return self._go(m, S.COLD_STARTED, f"started fresh on {where}",
+                            reason=f"cold start on {where}: {rs.reason or m.reason or 'no usable checkpoint'}")
+        if job.phase is JobPhase.COMPLETING:
+            return None
+        return self._go(m, S.ABORTED, reason=f"the job {job.phase.value} while being restored")
+
+
+def summarize(migrations: Sequence[Migration]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in migrations:
+        out[m.state.value] = out.get(m.state.value, 0) + 1
+    return out
