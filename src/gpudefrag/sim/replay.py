@@ -62,45 +62,64 @@ class MoveStats:
     moved_bytes: float = 0.0  # checkpoint bytes moved (see sim/costs.py)
     move_seconds: float = 0.0
     rescued: int = 0  # pods placed only thanks to moves
+    evicted_lost: int = 0  # evicted pods that found no room again (their work and their place are lost)
+    evicted_lost_milli: int = 0
     multi_gpu_failed_clearable: int = 0  # multi-GPU pods that failed although moves could have cleared a node
 
 
 class Defragmenter(Protocol):
-    """Called when `pod` fits nowhere; may move placed pods (updating `placed` and the cluster) and return
-    where the pod now fits, or None."""
+    """Called when `pod` fits nowhere; may move or evict placed pods (updating `placed`, the cluster and
+    `stats`), then places the pod itself and returns where, or returns None with the cluster unchanged
+    (an eviction may still have happened)."""
 
-    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, rng: np.random.Generator,
+    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
                stats: MoveStats) -> Choice | None: ...
 
 
 @dataclass
 class Placed:
-    """The pods on the cluster: id → (pod, choice), and the ids per node."""
+    """The pods on the cluster: id → (pod, choice), the ids per node, and the pod count per GPU."""
 
+    npods: np.ndarray  # nodes × GPUs
     pods: dict[int, tuple[Pod, Choice]] = field(default_factory=dict)
     by_node: dict[int, set[int]] = field(default_factory=dict)
     next_id: int = 0
+
+    @staticmethod
+    def for_cluster(cl: Cluster) -> Placed:
+        return Placed(np.zeros(cl.free.shape, dtype=np.int32))
+
+    def _count(self, choice: Choice, delta: int) -> None:
+        for g in choice.gpus:
+            self.npods[choice.node, g] += delta
 
     def add(self, pod: Pod, choice: Choice) -> int:
         pid = self.next_id
         self.next_id += 1
         self.pods[pid] = (pod, choice)
         self.by_node.setdefault(choice.node, set()).add(pid)
+        self._count(choice, 1)
         return pid
 
     def move(self, pid: int, choice: Choice) -> None:
         pod, old = self.pods[pid]
         self.by_node[old.node].discard(pid)
+        self._count(old, -1)
         self.pods[pid] = (pod, choice)
         self.by_node.setdefault(choice.node, set()).add(pid)
+        self._count(choice, 1)
 
     def drop(self, pid: int) -> tuple[Pod, Choice]:
         pod, ch = self.pods.pop(pid)
         self.by_node[ch.node].discard(pid)
+        self._count(ch, -1)
         return pod, ch
 
-    def on(self, node: int) -> list[int]:
-        return sorted(self.by_node.get(node, ()))
+    def on(self, node: int, gpu: int | None = None) -> list[int]:
+        ids = sorted(self.by_node.get(node, ()))
+        if gpu is None:
+            return ids
+        return [i for i in ids if gpu in self.pods[i][1].gpus]
 
 
 @dataclass
@@ -161,7 +180,7 @@ def replay(
     alloc = np.zeros(n)
     ok = np.zeros(n, dtype=bool)
     frag_curve = np.full(CURVE_MAX + 1, np.nan)
-    placed = Placed()
+    placed = Placed.for_cluster(cl)
     stats = MoveStats()
     req = 0
     allocated = cl.allocated_milli
@@ -174,12 +193,14 @@ def replay(
             frag_curve[bucket] = 100.0 * float(cl._fgd_cache().frag.sum()) / cap
         bucket = b
         choice = pol.choose(cl, pod, rng)
-        if choice is None and defrag is not None:
-            choice = defrag.rescue(cl, pod, placed, rng, stats)
-            if choice is not None:
-                stats.rescued += 1
         if choice is not None:
             cl.place(pod, choice)
+        elif defrag is not None:
+            choice = defrag.rescue(cl, pod, placed, pol, rng, stats)  # places the pod itself
+            if choice is not None:
+                stats.rescued += 1
+            allocated = cl.allocated_milli - pod.gpu_total  # evictions may have lost pods
+        if choice is not None:
             placed.add(pod, choice)
             allocated += pod.gpu_total
             ok[j] = True
