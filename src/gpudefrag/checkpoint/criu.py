@@ -274,6 +274,7 @@ class CriuBackend:
             # CRIU writes stats-restore into the image folder; the signed checkpoint must stay as it was
             with contextlib.suppress(FileNotFoundError):
                 (ckpt_dir / "stats-restore").unlink()
+        self._after_restore(pid, facts)
         exit_code = None
         if wait:
             _, status = os.waitpid(pid, 0)
@@ -282,6 +283,9 @@ class CriuBackend:
         return RestoreResult(backend=self.name, directory=str(ckpt_dir), pid=pid, duration_s=running_s,
                              mode=mode, exit_code=exit_code, pages_complete_s=pages_s,
                              notes=(f"log: {log}",))
+
+    def _after_restore(self, pid: int, info: dict[str, Any]) -> None:
+        """Hook for subclasses (the CUDA backend brings GPU state back here), before a foreground wait."""
 
     def _log_path(self, what: str, pid: int) -> Path:
         assert self.log_dir is not None
