@@ -1,0 +1,190 @@
+"""Move sequences: order and content of the API operations, refusals before anything is touched, and the
+executor against the in-memory API: no eviction ever follows a replacement that failed; PDBs hold."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpudefrag.core.compat import CompatRule, VersionMatch
+from gpudefrag.engines.kubernetes import (
+    Executor,
+    InMemoryApi,
+    KubeCluster,
+    MoveOptions,
+    OpKind,
+    SimpleMove,
+    build_move,
+    build_moves,
+)
+from gpudefrag.engines.kubernetes.moves import DELETION_COST, HOSTNAME
+
+BARE = SimpleMove("ml/notebook-ana", "gpu-node-1", "gpu-node-3")
+RS = SimpleMove("ml/web-embed-7d9c5b6f4-abcde", "gpu-node-0", "gpu-node-3")
+K = OpKind
+
+
+def run(cluster: KubeCluster, move: SimpleMove, *, fail: frozenset[str] = frozenset(),
+        options: MoveOptions | None = None, ready_after: int = 2):  # type: ignore[no-untyped-def]
+    seq = build_move(cluster, move, options)
+    assert seq.ok, seq.refused
+    api = InMemoryApi(cluster, fail=fail, ready_after=ready_after)
+    clock = [0.0]
+    ex = Executor(api, publish=lambda node, archive, image: None, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+                  clock=lambda: clock[0])
+    return seq, api, ex.run(seq, cluster.state.workload(move.workload_id).versions)
+
+
+def test_bare_pod_sequence_order_and_content(frag_cluster: KubeCluster) -> None:
+    seq = build_move(frag_cluster, BARE)
+    assert seq.strategy == "bare-pod" and seq.checkpoint_mode == "kubelet"
+    assert seq.kinds() == ["verify-target", "checkpoint", "publish-checkpoint", "create-replacement", "wait-ready",
+                           "evict-original", "wait-deleted"]
+    ops = {o.kind: o for o in seq.ops}
+    assert ops[K.CHECKPOINT].path == "/api/v1/nodes/gpu-node-1/proxy/checkpoint/ml/notebook-ana/trainer"
+    assert ops[K.EVICT_ORIGINAL].path == "/api/v1/namespaces/ml/pods/notebook-ana/eviction"
+    assert ops[K.EVICT_ORIGINAL].body["kind"] == "Eviction"  # type: ignore[index]
+    # only the eviction commits the move; everything before it can be undone
+    assert [o.kind for o in seq.ops if o.irreversible] == [K.EVICT_ORIGINAL]
+    body = ops[K.CREATE_REPLACEMENT].body
+    assert body is not None
+    meta, spec = body["metadata"], body["spec"]
+    assert meta["name"] == seq.replacement and meta["name"] != "notebook-ana"
+    assert meta["annotations"]["gpudefrag.io/migrated-from"] == "ml/notebook-ana"
+    assert not {"uid", "resourceVersion", "managedFields", "ownerReferences", "creationTimestamp"} & set(meta)
+    assert "nodeName" not in spec and "status" not in body
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert all({"key": HOSTNAME, "operator": "In", "values": ["gpu-node-3"]} in t["matchExpressions"] for t in terms)
+    assert spec["containers"][0]["image"].startswith("registry.local/gpudefrag/ml-notebook-ana-trainer:")
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert meta["labels"] == {"app": "notebook"}
+
+
+def test_move_runs_and_original_goes_last(frag_cluster: KubeCluster) -> None:
+    seq, api, res = run(frag_cluster, BARE)
+    assert res.ok and res.committed and not res.rolled_back
+    assert ("ml", "notebook-ana") not in api.pods and ("ml", seq.replacement) in api.pods
+    verbs = [(v, p) for v, p in api.calls if v != "GET"]
+    assert verbs == [
+        ("POST", "/api/v1/nodes/gpu-node-1/proxy/checkpoint/ml/notebook-ana/trainer"),
+        ("POST", "/api/v1/namespaces/ml/pods"),
+        ("POST", "/api/v1/namespaces/ml/pods/notebook-ana/eviction"),
+    ]
+    # the replacement was read Ready before the eviction was asked for
+    evict_at = api.calls.index(("POST", "/api/v1/namespaces/ml/pods/notebook-ana/eviction"))
+    assert ("GET", f"/api/v1/namespaces/ml/pods/{seq.replacement}") in api.calls[:evict_at]
+
+
+@pytest.mark.parametrize("fault", ["ready", "create", "checkpoint"])
+def test_no_delete_when_the_replacement_fails(frag_cluster: KubeCluster, fault: str) -> None:
+    seq, api, res = run(frag_cluster, BARE, fail=frozenset({fault}))
+    assert not res.ok and not res.committed
+    assert ("ml", "notebook-ana") in api.pods  # the original still runs
+    assert not any(p.endswith("/eviction") or (v == "DELETE" and "notebook-ana/" in p) for v, p in api.calls
+                   if "mv-" not in p)
+    assert ("ml", seq.replacement) not in api.pods  # and no half-made replacement is left behind
+    if fault == "ready":
+        assert res.rolled_back and ("DELETE", f"/api/v1/namespaces/ml/pods/{seq.replacement}") in api.calls
+    if fault == "checkpoint":
+        assert ("POST", "/api/v1/namespaces/ml/pods") not in api.calls
+
+
+def test_replacement_never_ready_times_out_and_rolls_back(frag_cluster: KubeCluster) -> None:
+    seq, api, res = run(frag_cluster, BARE, ready_after=10**9, options=MoveOptions(ready_timeout_s=60))
+    assert not res.ok and "timed out" in res.error and res.rolled_back
+    assert ("ml", "notebook-ana") in api.pods and ("ml", seq.replacement) not in api.pods
+
+
+def test_eviction_refused_by_pdb_rolls_back(frag_cluster: KubeCluster) -> None:
+    seq, api, res = run(frag_cluster, BARE, fail=frozenset({"evict"}))
+    assert not res.ok and "disruption budget" in res.error
+    assert res.rolled_back and ("ml", "notebook-ana") in api.pods and ("ml", seq.replacement) not in api.pods
+
+
+def test_replicaset_pod_is_handed_over(frag_cluster: KubeCluster) -> None:
+    seq, api, res = run(frag_cluster, RS)
+    assert seq.strategy == "replicaset" and seq.pdbs == ("ml/web-embed",)
+    assert seq.kinds() == ["verify-target", "check-pdb", "checkpoint", "publish-checkpoint", "create-replacement",
+                           "wait-ready", "set-deletion-cost", "adopt-replacement", "evict-original", "wait-deleted"]
+    body = next(o.body for o in seq.ops if o.kind is K.CREATE_REPLACEMENT)
+    assert "pod-template-hash" not in body["metadata"]["labels"]  # type: ignore[index]
+    assert res.ok, res.error
+    repl = api.pods[("ml", seq.replacement)]
+    assert repl["metadata"]["labels"]["pod-template-hash"] == "7d9c5b6f4"
+    assert repl["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    assert ("ml", "web-embed-7d9c5b6f4-abcde") not in api.pods
+    cost = next(o for o in seq.ops if o.kind is K.SET_DELETION_COST)
+    assert cost.body == {"metadata": {"annotations": {DELETION_COST: "-2147483648"}}}
+
+
+def test_pdb_that_forbids_disruption_refuses_before_touching(frag_cluster: KubeCluster) -> None:
+    seq = build_move(frag_cluster, SimpleMove("ml/eval-5f6d7-xyz12", "gpu-node-2", "gpu-node-3"))
+    assert not seq.ok and "PDB ml/eval" in (seq.refused or "") and seq.ops == ()
+
+
+def test_pdb_without_room_even_after_replacement_is_refused(frag_cluster: KubeCluster) -> None:
+    pdb = dataclasses.replace(frag_cluster.pdbs[0], current_healthy=1, desired_healthy=3, disruptions_allowed=0)
+    c = dataclasses.replace(frag_cluster, pdbs=(pdb, *frag_cluster.pdbs[1:]))
+    seq = build_move(c, RS)
+    assert not seq.ok and "would allow no disruption" in (seq.refused or "")
+
+
+@pytest.mark.parametrize(("wid", "src", "why"), [
+    ("ml/finetune-0", "gpu-node-0", "StatefulSet"),
+    ("ml/train-small-q8x2z", "gpu-node-1", "Job"),
+    ("ml/train-8g", "gpu-node-0", "not on"),
+])
+def test_owners_that_cannot_be_moved_are_refused(frag_cluster: KubeCluster, wid: str, src: str, why: str) -> None:
+    seq = build_move(frag_cluster, SimpleMove(wid, src, "gpu-node-3"))
+    assert not seq.ok and why in (seq.refused or "") and seq.ops == ()
+
+
+def test_incompatible_target_is_refused_before_anything(frag_cluster: KubeCluster) -> None:
+    s = frag_cluster.state
+    n3 = dataclasses.replace(s.node("gpu-node-3"), driver_version="535.104.05")
+    nodes = [n3 if n.name == "gpu-node-3" else n for n in s.nodes]
+    c = dataclasses.replace(frag_cluster, state=type(s).build(nodes, s.workloads, quotas=s.quotas))
+    seq = build_move(c, BARE)
+    assert not seq.ok and "driver" in (seq.refused or "")
+    ok = build_move(c, BARE, MoveOptions(compat=CompatRule(driver=VersionMatch.ANY)))
+    assert ok.ok
+
+
+def test_target_changed_since_planning_stops_at_verify(frag_cluster: KubeCluster) -> None:
+    seq = build_move(frag_cluster, BARE)
+    api = InMemoryApi(frag_cluster)
+    api.nodes["gpu-node-3"]["metadata"]["labels"]["nvidia.com/cuda.driver-version.full"] = "560.28.03"
+    res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(
+        seq, frag_cluster.state.workload(BARE.workload_id).versions)
+    assert not res.ok and res.error.startswith("verify-target") and "driver" in res.error
+    assert all(v == "GET" for v, _ in api.calls)
+
+
+def test_app_hook_sequence(frag_cluster: KubeCluster) -> None:
+    seq, _api, res = run(frag_cluster, BARE, options=MoveOptions(checkpoint="app"))
+    assert seq.kinds()[:4] == ["verify-target", "request-app-checkpoint", "signal", "wait-app-checkpoint"]
+    sig = next(o for o in seq.ops if o.kind is K.SIGNAL)
+    assert sig.params["command"] == ["kill", "-USR1", "1"]
+    env = next(o.body for o in seq.ops if o.kind is K.CREATE_REPLACEMENT)["spec"]["containers"][0]["env"]  # type: ignore[index]
+    assert {"name": "GPUDEFRAG_RESTORE_FROM", "value": f"/checkpoints/ml/notebook-ana/{seq.move_id}"} in env
+    assert res.ok, res.error
+
+
+def test_missing_publisher_fails_safely(frag_cluster: KubeCluster) -> None:
+    seq = build_move(frag_cluster, BARE)
+    api = InMemoryApi(frag_cluster)
+    res = Executor(api, sleep=lambda s: None).run(seq)
+    assert not res.ok and "publisher" in res.error
+    assert ("POST", "/api/v1/namespaces/ml/pods") not in api.calls and ("ml", "notebook-ana") in api.pods
+
+
+def test_policy_budget_refuses_moves_beyond_it(frag_cluster: KubeCluster) -> None:
+    seqs = build_moves(frag_cluster, [BARE, RS], budget=1)
+    assert seqs[0].ok and not seqs[1].ok and "budget" in (seqs[1].refused or "")
+
+
+def test_move_ids_are_deterministic(frag_cluster: KubeCluster) -> None:
+    assert build_move(frag_cluster, BARE).move_id == build_move(frag_cluster, BARE).move_id
+    assert build_move(frag_cluster, BARE).move_id != build_move(
+        frag_cluster, SimpleMove(BARE.workload_id, BARE.source, "gpu-node-2")).move_id
