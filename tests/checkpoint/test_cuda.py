@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +72,7 @@ def test_process_tree_finds_descendants() -> None:
             tree = cuda.process_tree(p.pid)
         assert tree[0] == p.pid and len(tree) == 2
         child = tree[1]
-        assert open(f"/proc/{child}/cmdline").read().startswith("sleep")
+        assert Path(f"/proc/{child}/cmdline").read_text().startswith("sleep")
     finally:
         for pid in cuda.process_tree(p.pid)[::-1]:
             subprocess.run(["kill", "-9", str(pid)])
