@@ -1,0 +1,91 @@
+"""The controller loop on the simulated engine: trigger → filter → plan → execute, dry run, and policy gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpudefrag.control.agent import RunPhase
+from gpudefrag.control.controller import Controller
+from gpudefrag.control.executor import Executor, ExecutorConfig
+from gpudefrag.control.journal import Journal
+from gpudefrag.engines.base import JobPhase
+from gpudefrag.engines.sim import SimEngine
+from gpudefrag.policy import parse_policy
+from gpudefrag.snapshot import state_to_dict
+
+
+def setup(state, tmp_path: Path, policy: dict, *, dry_run: bool = False):  # type: ignore[no-untyped-def]
+    sim = SimEngine(state, requeue_delay_s=2.0)
+    pol = parse_policy(policy)
+    j = Journal(tmp_path / "j.db", clock=lambda: sim.now)
+    ex = Executor(sim, sim, j, ExecutorConfig.from_policy(pol), clock=lambda: sim.now)
+    c = Controller(sim, pol, None if dry_run else ex, dry_run=dry_run, clock=lambda: sim.now)
+    return sim, c, j
+
+
+POLICY = {"trigger": {"pending": {"longer_than_s": 10}}, "budgets": {"max_concurrent": 4, "max_per_node": 2}}
+
+
+def test_pending_fragmented_job_gets_a_node(state, tmp_path: Path) -> None:
+    sim, c, j = setup(state, tmp_path, POLICY)
+    reports = []
+    for _ in range(60):
+        reports.append(c.cycle())
+        sim.advance(1.0)
+        if sim.jobs["big"].phase is JobPhase.RUNNING and not j.active():
+            break
+    assert sim.jobs["big"].phase is JobPhase.RUNNING
+    kinds = [d.kind for r in reports for d in r.decisions]
+    assert "trigger" in kinds and "submit" in kinds
+    # not before the job had waited longer_than_s
+    first = next(r for r in reports if any(d.kind == "trigger" for d in r.decisions))
+    assert first.at - 100.0 >= 10
+    moved = [m for m in j.all()]
+    assert moved and all(m.state.value == "done" for m in moved)
+    freed = sim.jobs["big"].nodes[0]
+    for m in moved:
+        assert m.source == freed
+        last = [s for s in sim.starts if s.workload_id == m.workload_id][-1]
+        assert last.how is RunPhase.RESTORED and sim.jobs[m.workload_id].nodes == (m.target,)
+    assert any(e["kind"] == "submit" for e in j.events())
+
+
+def test_dry_run_changes_nothing(state, tmp_path: Path) -> None:
+    sim, c, j = setup(state, tmp_path, POLICY, dry_run=True)
+    sim.now = 1000.0
+    before = state_to_dict(sim.observe())
+    r = c.cycle()
+    assert any(d.kind == "dry-run" and "would move" in d.reason for d in r.decisions)
+    assert r.plans and r.plans[0].feasible
+    assert sim.calls == [] and j.all() == [] and j.events() == []
+    assert state_to_dict(sim.observe()) == before
+
+
+def test_filter_excludes_jobs_and_never_acts(state, tmp_path: Path) -> None:
+    pol = {**POLICY, "filter": {"names": ["nothing-*"]}}
+    sim, c, j = setup(state, tmp_path, pol)
+    r = c.cycle()
+    assert r.plans and not r.plans[0].feasible
+    assert j.all() == [] and sim.calls == []
+    sim2, c2, j2 = setup(state, tmp_path / "n", {**POLICY, "action": {"kind": "never"}})
+    r = c2.cycle()
+    assert any(d.kind == "skip" and "never" in d.reason for d in r.decisions)
+    assert j2.all() == [] and sim2.calls == []
+
+
+def test_young_or_non_fragmented_pending_jobs_do_not_trigger(state, tmp_path: Path) -> None:
+    sim, c, _ = setup(state, tmp_path, {"trigger": {"pending": {"longer_than_s": 10_000}}})
+    assert not any(d.kind == "trigger" for d in c.cycle().decisions)
+    sim2, c2, _ = setup(state, tmp_path / "2", {"trigger": {"pending": {"longer_than_s": 0, "min_gpus": 9}}})
+    assert not any(d.kind == "trigger" for d in c2.cycle().decisions)
+    assert sim.calls == [] and sim2.calls == []
+
+
+def test_explicit_request_frees_a_whole_node(state, tmp_path: Path) -> None:
+    _sim, c, j = setup(state, tmp_path, {"trigger": {"pending": None, "on_request": True},
+                                        "budgets": {"max_concurrent": 4, "max_per_node": 2}})
+    assert not any(d.kind == "trigger" for d in c.cycle().decisions)
+    c.request()
+    r = c.cycle()
+    assert any(d.kind == "trigger" and "explicit request" in d.reason for d in r.decisions)
+    assert len(j.active()) == 2
