@@ -20,7 +20,7 @@ A global budget (`budget` moves per placed pod, default 0.1) stops moving when i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,6 +41,9 @@ class ArrayDefragmenter:
     candidates: int = 8  # nodes tried per rescue
     movable: Callable[[Pod], bool] | None = None  # which pods may move (default: all)
     cost_model: CostModel | None = None
+    requeue_evicted: bool = False  # evict: hand the victims back (dynamic sim) instead of re-placing them now
+    last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)  # the last rescue's moves
+    last_evicted: list[int] = field(default_factory=list)  # the last rescue's evictions (pids, when requeued)
 
     def __post_init__(self) -> None:
         if self.action not in ("migrate", "evict"):
@@ -49,6 +52,7 @@ class ArrayDefragmenter:
     # ------------------------------------------------------------------------------------ entry point
     def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
                stats: MoveStats) -> Choice | None:
+        self.last_moved, self.last_evicted = [], []
         if pod.num_gpu == 0:
             return None
         room = int(self.budget * max(len(placed.pods), 1)) - (stats.moves + stats.evictions)
@@ -167,6 +171,12 @@ class ArrayDefragmenter:
         cl.place(pod, mine)
         new: dict[int, Choice] = {}
         lost: list[int] = []
+        if self.action == "evict" and self.requeue_evicted and commit:
+            for v in victims:
+                placed.drop(v)
+                stats.evictions += 1
+            self.last_evicted = list(victims)
+            return mine
         for v in victims:
             ch = policy.choose(cl, old[v][0], rng)
             if ch is None:
@@ -193,6 +203,7 @@ class ArrayDefragmenter:
         for v, ch in new.items():
             p, was = old[v]
             placed.move(v, ch)
+            self.last_moved.append((v, was, ch))
             if self.action == "migrate":
                 stats.moves += 1
                 b = checkpoint_bytes(p, cl.models[was.node])

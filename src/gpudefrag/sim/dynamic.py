@@ -1,0 +1,283 @@
+"""The dynamic simulation: jobs arrive, queue, run and leave; a defrag controller may move or evict them.
+
+Event-driven. The queue is FIFO with greedy backfill: whenever GPUs free up, every queued job that fits now
+starts, in submission order (a blocked head does not stop smaller jobs behind it — which is exactly how large
+jobs starve on a fragmented cluster). Placement uses a policy from `gpudefrag.core.placement`.
+
+The defrag controller runs the product's policy shape: trigger = the head-of-queue job has been pending longer
+than `trigger_s`; filter = jobs with at most `movable_max_gpus` GPUs may be touched; action =
+- `migrate`: checkpoint/restore the victims elsewhere (sim/defrag.py picks the node and the victims, and only
+  acts when every victim has a new place); each moved job stops for its move time (sim/costs.py), which is
+  added to its end and counted as GPU-seconds spent moving;
+- `evict`: stop the victims (no application checkpoint: they restart from zero) and put them back in the queue;
+  their elapsed GPU-seconds are counted as work lost.
+
+The pooled bound runs the same jobs on one imaginary node holding every GPU: no fragmentation is possible, so
+its queueing delays are what the workload itself forces.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.cost import CostModel
+from ..core.model import MILLI
+from ..core.placement import Choice, Cluster, Pod, get_policy
+from .costs import checkpoint_bytes, move_seconds
+from .defrag import ArrayDefragmenter
+from .replay import MoveStats, Placed
+from .synthetic import Job, Workload, synthetic_cluster
+
+ARRIVE, END, CHECK = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class DynamicConfig:
+    policy: str = "fgd"
+    defrag: str = "none"  # "none" | "migrate" | "evict"
+    pooled: bool = False
+    trigger_s: float = 300.0
+    check_every_s: float = 60.0
+    max_moves: int = 8
+    movable_max_gpus: int = 4
+    seed: int = 0
+    label: str = ""
+
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        if self.pooled:
+            return "pooled"
+        return self.policy + ("" if self.defrag == "none" else f"+{self.defrag}")
+
+
+@dataclass
+class DynamicResult:
+    label: str
+    size_class: list[str]
+    gpu_equiv: np.ndarray
+    submit: np.ndarray
+    start: np.ndarray  # last start
+    end: np.ndarray
+    waited: np.ndarray  # total seconds queued (re-queues after eviction included)
+    times: np.ndarray
+    util: np.ndarray  # allocated GPU share / capacity
+    stranded: np.ndarray  # wholly free GPUs while the head of the queue cannot start
+    moves: int = 0
+    evictions: int = 0
+    move_gpu_s: float = 0.0
+    moved_bytes: float = 0.0
+    lost_gpu_s: float = 0.0
+    work_gpu_s: float = 0.0  # GPU-seconds of useful work in the workload
+
+    def delays(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        classes = np.array(self.size_class)
+        for c in sorted(set(self.size_class), key=_class_order):
+            w = self.waited[classes == c]
+            w = w[np.isfinite(w)]
+            out[c] = {"jobs": float(len(w)), "mean_s": float(w.mean()) if len(w) else float("nan"),
+                      "p95_s": float(np.percentile(w, 95)) if len(w) else float("nan")}
+        return out
+
+    @property
+    def moved_share(self) -> float:
+        """GPU-seconds spent moving (migrate) or lost (evict), as a share of the workload's GPU-seconds."""
+        return (self.move_gpu_s + self.lost_gpu_s) / self.work_gpu_s if self.work_gpu_s else 0.0
+
+    def mean_util(self, until: float | None = None) -> float:
+        """Time-weighted mean utilisation, up to `until` (default: the last submission, so the final drain
+        of the queue does not dilute it)."""
+        until = float(self.submit.max()) if until is None and len(self.submit) else until
+        if len(self.times) < 2:
+            return float(self.util.mean()) if len(self.util) else 0.0
+        t = np.minimum(self.times, until) if until is not None else self.times
+        dt = np.diff(t)
+        return float((self.util[:-1] * dt).sum() / dt.sum()) if dt.sum() > 0 else float(self.util.mean())
+
+
+def _class_order(c: str) -> tuple[int, str]:
+    return (0, c) if c == "share" else (int(c.split("-")[0]), c)
+
+
+@dataclass
+class _Run:
+    job: Job
+    remaining: float
+    queued_at: float
+    pid: int = -1
+    started: float = 0.0
+    end: float = 0.0
+    version: int = 0
+    waited: float = 0.0
+    first_start: float = float("nan")
+    done: bool = False
+
+
+@dataclass
+class _Sim:
+    cfg: DynamicConfig
+    wl: Workload
+    cl: Cluster
+    rng: np.random.Generator
+    cost: CostModel = field(default_factory=CostModel)
+    now: float = 0.0
+    heap: list[tuple[float, int, int, int]] = field(default_factory=list)
+    seq: int = 0
+    queue: list[int] = field(default_factory=list)
+    runs: dict[int, _Run] = field(default_factory=dict)
+    by_pid: dict[int, int] = field(default_factory=dict)
+    times: list[float] = field(default_factory=list)
+    util: list[float] = field(default_factory=list)
+    stranded: list[float] = field(default_factory=list)
+    stats: MoveStats = field(default_factory=MoveStats)
+    move_gpu_s: float = 0.0
+    lost_gpu_s: float = 0.0
+
+    def push(self, t: float, kind: int, arg: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, arg))
+
+
+def simulate(wl: Workload, cfg: DynamicConfig) -> DynamicResult:
+    cl = synthetic_cluster(wl.spec, pooled=cfg.pooled)
+    cl.rank = np.random.default_rng(cfg.seed + 7).permutation(cl.n)
+    sim = _Sim(cfg, wl, cl, np.random.default_rng(cfg.seed))
+    policy = get_policy("bestfit" if cfg.pooled else cfg.policy)
+    placed = Placed.for_cluster(cl)
+    defrag = None
+    if cfg.defrag != "none" and not cfg.pooled:
+        defrag = ArrayDefragmenter(action=cfg.defrag, max_moves=cfg.max_moves, budget=1e12,
+                                   movable=lambda p: p.num_gpu <= cfg.movable_max_gpus,
+                                   cost_model=sim.cost, requeue_evicted=True)
+    for j in wl.jobs:
+        sim.push(j.submit, ARRIVE, j.id)
+        sim.runs[j.id] = _Run(j, j.duration, j.submit)
+    if defrag is not None:
+        sim.push(cfg.check_every_s, CHECK, 0)
+
+    def start(jid: int, choice: Choice, placed_already: bool) -> None:
+        r = sim.runs[jid]
+        if not placed_already:
+            cl.place(r.job.pod, choice)
+        r.pid = placed.add(r.job.pod, choice)
+        sim.by_pid[r.pid] = jid
+        r.waited += sim.now - r.queued_at
+        if np.isnan(r.first_start):
+            r.first_start = sim.now
+        r.started = sim.now
+        r.end = sim.now + r.remaining
+        r.version += 1
+        sim.push(r.end, END, jid * 1024 + (r.version % 1024))
+
+    def schedule() -> None:
+        failed: set[Pod] = set()
+        kept: list[int] = []
+        for jid in sim.queue:
+            pod = sim.runs[jid].job.pod
+            if pod in failed:
+                kept.append(jid)
+                continue
+            ch = policy.choose(cl, pod, sim.rng)
+            if ch is None:
+                failed.add(pod)
+                kept.append(jid)
+            else:
+                start(jid, ch, False)
+                failed.clear()
+        sim.queue = kept
+
+    def try_defrag() -> None:
+        if defrag is None or not sim.queue:
+            return
+        head = sim.runs[sim.queue[0]]
+        if sim.now - head.queued_at < cfg.trigger_s:
+            return
+        choice = defrag.rescue(cl, head.job.pod, placed, policy, sim.rng, sim.stats)
+        if choice is None:
+            return
+        jid = sim.queue.pop(0)
+        for pid, was, _new in defrag.last_moved:
+            v = sim.runs[sim.by_pid[pid]]
+            b = checkpoint_bytes(v.job.pod, cl.models[was.node])
+            down = move_seconds(b, sim.cost)
+            sim.move_gpu_s += down * v.job.gpu_equiv
+            v.end += down
+            v.version += 1
+            sim.push(v.end, END, sim.by_pid[pid] * 1024 + (v.version % 1024))
+        for pid in defrag.last_evicted:
+            vid = sim.by_pid.pop(pid)
+            v = sim.runs[vid]
+            sim.lost_gpu_s += (sim.now - v.started) * v.job.gpu_equiv
+            v.remaining = v.job.duration  # no application checkpoint: restart from zero
+            v.version += 1  # its END event is now stale
+            v.queued_at = sim.now
+            sim.queue.append(vid)
+        start(jid, choice, True)
+        schedule()
+
+    def sample() -> None:
+        cap = cl.capacity_milli
+        sim.times.append(sim.now)
+        sim.util.append(cl.allocated_milli / cap)
+        s = 0.0
+        if sim.queue:
+            head = sim.runs[sim.queue[0]].job.pod
+            if not cl.fits(head).any():
+                s = float((cl.free == MILLI).sum())
+        sim.stranded.append(s)
+
+    remaining_jobs = len(wl.jobs)
+    while sim.heap and remaining_jobs > 0:
+        t, _, kind, arg = heapq.heappop(sim.heap)
+        sim.now = t
+        if kind == ARRIVE:
+            sim.queue.append(arg)
+            ch = policy.choose(cl, sim.runs[arg].job.pod, sim.rng)
+            if ch is not None:
+                sim.queue.remove(arg)
+                start(arg, ch, False)
+        elif kind == END:
+            jid, ver = divmod(arg, 1024)
+            r = sim.runs[jid]
+            if r.done or r.version % 1024 != ver or r.pid < 0 or r.pid not in placed.pods:
+                continue
+            pod, ch = placed.drop(r.pid)
+            cl.remove(pod, ch)
+            sim.by_pid.pop(r.pid, None)
+            r.done = True
+            remaining_jobs -= 1
+            schedule()
+        else:
+            if sim.queue or remaining_jobs:
+                sim.push(sim.now + cfg.check_every_s, CHECK, 0)
+        try_defrag()
+        sample()
+
+    n = len(wl.jobs)
+    res = DynamicResult(
+        label=cfg.name(),
+        size_class=[sim.runs[i].job.size_class for i in range(n)],
+        gpu_equiv=np.array([sim.runs[i].job.gpu_equiv for i in range(n)]),
+        submit=np.array([sim.runs[i].job.submit for i in range(n)]),
+        start=np.array([sim.runs[i].started for i in range(n)]),
+        end=np.array([sim.runs[i].end for i in range(n)]),
+        waited=np.array([sim.runs[i].waited if sim.runs[i].done else np.nan for i in range(n)]),
+        times=np.array(sim.times), util=np.array(sim.util), stranded=np.array(sim.stranded),
+        moves=sim.stats.moves, evictions=sim.stats.evictions, move_gpu_s=sim.move_gpu_s,
+        moved_bytes=sim.stats.moved_bytes, lost_gpu_s=sim.lost_gpu_s,
+        work_gpu_s=float(sum(j.duration * j.gpu_equiv for j in wl.jobs)),
+    )
+    return res
+
+
+STANDARD = (
+    DynamicConfig(policy="bestfit"),
+    DynamicConfig(policy="fgd"),
+    DynamicConfig(policy="fgd", defrag="evict"),
+    DynamicConfig(policy="fgd", defrag="migrate"),
+    DynamicConfig(pooled=True),
+)
