@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -38,6 +39,17 @@ def xss_document() -> dict:
             w["name"] = XSS_PENDING
             w["scheduler_reason"] = "<b onmouseover=alert(3)>Resources</b>"
     return doc
+
+
+def big_cluster(n: int = 1200) -> dict[str, Any]:
+    models = ["A100-40GB", "H100-80GB", "L40S"]
+    nodes = [{"name": f"n{i:05d}", "gpus": 8 if i % 3 else 4, "gpu_model": models[i % 3]} for i in range(n)]
+    workloads = [
+        {"id": f"job-{i}", "gpus_per_node": (i % 4) + 1, "placements": [{"node": f"n{i:05d}"}]}
+        for i in range(0, n, 2)
+    ]
+    workloads.append({"id": "big", "state": "pending", "gpus_per_node": 8})
+    return {"version": 1, "name": "big", "nodes": nodes, "workloads": workloads}
 
 
 @pytest.fixture
@@ -120,6 +132,15 @@ class LiveServer:
 def live_server(tmp_path: Path) -> Iterator[LiveServer]:
     """The embedded demo cluster, actions enabled with TOKEN."""
     srv = LiveServer(tmp_path, None, TOKEN)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def big_server(tmp_path: Path) -> Iterator[LiveServer]:
+    srv = LiveServer(tmp_path, big_cluster(), TOKEN)
     try:
         yield srv
     finally:

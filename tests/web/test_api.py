@@ -11,7 +11,7 @@ from gpudefrag.snapshot import load_snapshot_dict
 from gpudefrag.web.app import create_app
 from gpudefrag.web.source import MemorySource
 
-from .conftest import TOKEN
+from .conftest import TOKEN, big_cluster
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -68,17 +68,6 @@ def test_stranded_gpus_are_marked_for_the_largest_pending_request(client: TestCl
     assert {r["name"] for r in rows(m3) if r["stranded_gpus"]} == {
         n for n, u in used.items() if 8 - u < 3
     }
-
-
-def big_cluster(n: int = 1200) -> dict[str, Any]:
-    models = ["A100-40GB", "H100-80GB", "L40S"]
-    nodes = [{"name": f"n{i:05d}", "gpus": 8 if i % 3 else 4, "gpu_model": models[i % 3]} for i in range(n)]
-    workloads = [
-        {"id": f"job-{i}", "gpus_per_node": (i % 4) + 1, "placements": [{"node": f"n{i:05d}"}]}
-        for i in range(0, n, 2)
-    ]
-    workloads.append({"id": "big", "state": "pending", "gpus_per_node": 8})
-    return {"version": 1, "name": "big", "nodes": nodes, "workloads": workloads}
 
 
 def test_map_scales_groups_filters_sorts_and_pages() -> None:

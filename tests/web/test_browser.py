@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 
 from gpudefrag.demo import demo_document
 
-from .conftest import ARTIFACTS, TOKEN, XSS_NAME, XSS_PENDING, LiveServer
+from .conftest import ARTIFACTS, TOKEN, XSS_NAME, XSS_PENDING, LiveServer, big_cluster
 
 pytestmark = pytest.mark.browser
 
@@ -114,3 +114,42 @@ def test_hostile_names_render_as_text(page: Any, xss_server: LiveServer) -> None
     assert page.locator("img").count() == 0 and page.locator("#plan b[onmouseover]").count() == 0
     assert dialogs == []
     page.screenshot(path=str(ARTIFACTS / "dashboard-xss.png"), full_page=True)
+
+
+def test_large_cluster_is_grouped_paged_and_filtered(page: Any, big_server: LiveServer) -> None:
+    doc = big_cluster()
+    open_dashboard(page, big_server, [])
+    rows = page.locator("#map .node-row")
+    assert rows.count() == 500  # one page
+    groups = page.locator("#map .group")
+    models = [groups.nth(i).get_attribute("data-model") for i in range(groups.count())]
+    assert models == sorted(models)
+    seen = {rows.nth(i).get_attribute("data-node") for i in range(rows.count())}
+    page.click("#page-next")
+    expect(page.locator("#page-info")).to_contain_text("501–1000")
+    seen |= {rows.nth(i).get_attribute("data-node") for i in range(rows.count())}
+    page.click("#page-next")
+    expect(page.locator("#page-info")).to_contain_text(f"1001–{len(doc['nodes'])}")
+    seen |= {rows.nth(i).get_attribute("data-node") for i in range(rows.count())}
+    assert seen == {n["name"] for n in doc["nodes"]}
+    page.select_option("#f-model", "L40S")
+    l40 = sum(1 for n in doc["nodes"] if n["gpu_model"] == "L40S")
+    expect(page.locator("#page-info")).to_contain_text(f"of {l40} ")
+    assert {groups.nth(i).get_attribute("data-model") for i in range(groups.count())} == {"L40S"}
+    page.select_option("#f-model", "")
+    page.fill("#f-q", "n00003")
+    expect(page.locator("#map .node-row")).to_have_count(1)
+    assert page.locator("#map .node-row").get_attribute("data-node") == "n00003"
+    assert page.locator("#map .node-row .cell").count() == 4  # node 3 of the cluster has 4 GPUs
+    page.screenshot(path=str(ARTIFACTS / "dashboard-large.png"))
+
+
+def test_checkpoint_button_records_a_fresh_checkpoint(page: Any, live_server: LiveServer) -> None:
+    open_dashboard(page, live_server, [])
+    page.fill("[data-testid='token']", TOKEN)
+    page.click("#workload-legend .item[data-workload='train-gpt-small']")
+    expect(page.locator("#workload-detail")).to_contain_text("last checkpoint 7,200 s ago")
+    page.click("[data-testid='checkpoint']")
+    expect(page.locator("#status")).to_contain_text("checkpoint recorded for train-gpt-small")
+    page.click("#workload-legend .item[data-workload='train-gpt-small']")
+    expect(page.locator("#workload-detail")).to_contain_text("last checkpoint 0 s ago")
