@@ -108,14 +108,18 @@ def _print_frag(r: FragReport) -> None:
 
 # ---------------------------------------------------------------------------------------------- diagnose
 def diagnose(
-    file: Path = typer.Argument(..., help="Snapshot file"),
+    file: Path = typer.Argument(None, help="Snapshot file, or a kubectl dump (a List file or a folder)"),
     job: str = typer.Option(None, "--job", help="Diagnose only this pending workload"),
     gpus: int = typer.Option(None, "--gpus", help="Diagnose a hypothetical request of this many GPUs per node"),
     model: str = typer.Option(None, "--model", help="GPU model of the hypothetical request"),
+    kube: bool = typer.Option(False, "--kube", help="Read the live Kubernetes cluster instead of a file"),
+    context: str = typer.Option(None, "--context", help="kubeconfig context (implies --kube)"),
     json_out: bool = JsonOpt,
 ) -> None:
     """Why each pending GPU request waits: ordinary causes first, fragmentation last, with evidence."""
-    state = load_snapshot(file)
+    from ..engines.kubernetes.load import load_cluster_state  # snapshot, kubectl dump, or the live cluster
+
+    state = load_cluster_state(file, kube=kube, context=context)
     if gpus is not None:
         diags = [diagnose_request(state, Request(gpus_per_node=gpus, gpu_models=(model,) if model else ()))]
     else:
