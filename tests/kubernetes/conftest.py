@@ -14,3 +14,20 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture
 def frag_cluster() -> KubeCluster:
     return load_dump(FIXTURES / "fragmentation.json")
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run the real CLI in-process: (exit code, stdout, stderr)."""
+    from gpudefrag.cli.main import run
+
+    def call(*argv: str) -> tuple[int, str, str]:
+        try:
+            run(list(argv))
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call

@@ -1,0 +1,131 @@
+"""Malformed dumps: one InputError naming the file and the JSON path (exit 2 from the CLI), never a traceback.
+
+The property: take a valid recorded dump, replace any one value anywhere with a value of another shape; loading
+either succeeds or raises InputError whose source is the file and whose path leads into the document."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpudefrag.engines.kubernetes import load_dump
+from gpudefrag.errors import InputError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+DOC = json.loads((FIXTURES / "fragmentation.json").read_text())
+
+
+def _paths(v: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(v, dict):
+        for k, x in v.items():
+            out += _paths(x, (*prefix, k))
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            out += _paths(x, (*prefix, i))
+    return out
+
+
+# skip the managedFields and the long tails that nothing reads, so most examples hit fields that matter
+PATHS = [p for p in _paths(DOC) if "managedFields" not in p and "fieldsV1" not in p]
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=False, allow_infinity=False),
+                 st.text(max_size=8), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3),
+                                                                                            st.integers(), max_size=2))
+
+
+def _set(doc: Any, path: tuple[Any, ...], value: Any) -> None:
+    for k in path[:-1]:
+        doc = doc[k]
+    doc[path[-1]] = value
+
+
+_STEP = re.compile(r'\.?([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\["([^"]+)"\]')
+
+
+def _resolves(doc: Any, where: str) -> bool:
+    """The error's path leads into the document (its parent exists; the last step may be the missing field)."""
+    steps = []
+    pos = 0
+    while pos < len(where):
+        m = _STEP.match(where, pos)
+        if not m:
+            return False
+        steps.append(m.group(1) if m.group(1) is not None else int(m.group(2)) if m.group(2) else m.group(3))
+        pos = m.end()
+    cur = doc
+    for s in steps[:-1]:
+        try:
+            cur = cur[s]
+        except (KeyError, IndexError, TypeError):
+            return False
+    return True
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(idx=st.integers(0, len(PATHS) - 1), value=JUNK)
+def test_any_corruption_gives_one_named_error_or_loads(idx: int, value: Any) -> None:
+    doc = json.loads(json.dumps(DOC))
+    path = PATHS[idx]
+    _set(doc, path, value)
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "dump.json"
+        f.write_text(json.dumps(doc))
+        try:
+            load_dump(f)
+        except InputError as e:
+            assert e.source == str(f)
+            assert e.where and _resolves(doc, e.where), (e.where, path)
+
+
+@pytest.mark.parametrize(("mutate", "where", "words"), [
+    (lambda d: d["items"][3]["status"]["allocatable"].__setitem__("nvidia.com/gpu", "lots"),
+     'items[3].status.allocatable["nvidia.com/gpu"]', "expected a quantity"),
+    (lambda d: d["items"][4]["spec"].__setitem__("containers", {"name": "x"}), "items[4].spec.containers",
+     "expected a list"),
+    (lambda d: d["items"][0]["metadata"].pop("name"), "items[0].metadata.name", "required field is missing"),
+    (lambda d: d["items"][5]["spec"].__setitem__("nodeName", "gpu-node-99"), "items[5].spec.nodeName",
+     "gpu-node-99"),
+    (lambda d: d["items"][1]["spec"]["taints"].__setitem__(0, {"key": "a", "effect": "Sometimes"})
+     if d["items"][1]["spec"].get("taints") else d["items"][1]["spec"].__setitem__(
+         "taints", [{"key": "a", "effect": "Sometimes"}]), "items[1].spec.taints[0].effect", "unknown taint effect"),
+    (lambda d: d.pop("kind"), "kind", "not a Kubernetes List"),
+])
+def test_specific_errors_name_the_path(tmp_path: Path, mutate: Any, where: str, words: str) -> None:
+    doc = json.loads(json.dumps(DOC))
+    mutate(doc)
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as ei:
+        load_dump(f)
+    assert ei.value.where == where and words in ei.value.message
+
+
+def test_bad_json_names_line_and_column(tmp_path: Path) -> None:
+    f = tmp_path / "dump.json"
+    f.write_text('{"apiVersion": "v1", "items": [\n  {"kind": "Node",, }\n]}')
+    with pytest.raises(InputError) as ei:
+        load_dump(f)
+    assert ei.value.where.startswith("line 2")
+
+
+def test_folder_error_names_the_file_inside(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(DOC))
+    (tmp_path / "b.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [{"kind": 3}]}))
+    with pytest.raises(InputError) as ei:
+        load_dump(tmp_path)
+    assert ei.value.source == str(tmp_path / "b.json") and ei.value.where == "items[0].kind"
+
+
+def test_dump_without_nodes_is_an_error(tmp_path: Path) -> None:
+    f = tmp_path / "pods.json"
+    f.write_text(json.dumps({"apiVersion": "v1", "kind": "List",
+                             "items": [i for i in DOC["items"] if i["kind"] == "Pod"]}))
+    with pytest.raises(InputError, match="no Node objects"):
+        load_dump(f)
