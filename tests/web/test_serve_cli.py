@@ -75,3 +75,27 @@ def test_cli_serves_a_snapshot_file(tmp_path: Path) -> None:
     r = run("--snapshot", str(snap), "--check", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["cluster"] == "tiny"
+
+
+def test_demo_serve_opens_the_demo_in_the_dashboard(tmp_path: Path) -> None:
+    import signal
+    import time
+    import urllib.request
+
+    from gpudefrag.cli.serve_cmd import DEFAULT_PORT
+
+    if listening(DEFAULT_PORT):
+        pytest.skip(f"port {DEFAULT_PORT} is taken on this machine")
+    cmd = [serve_cmd()[0], "-c", "from gpudefrag.cli.main import run; run()", "demo", "--serve"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not listening(DEFAULT_PORT):
+            assert proc.poll() is None and time.monotonic() < deadline, "demo --serve did not start"
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{DEFAULT_PORT}/api/summary", timeout=10) as r:
+            summary = json.load(r)
+        assert summary["cluster"] == "demo" and summary["nodes"] == 4 and summary["free_gpus"] == 12
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=15)

@@ -154,6 +154,9 @@ def create_app(
             plan = source.plan_for(version, workload_id, lambda: planning.make_plan(state, workload_id))
         except planning.PlannerUnavailable:
             plan = None  # preview() says why
+        except Exception as e:  # a planner bug must not take the page down: show it with the diagnosis
+            return {"workload": job, "available": False, "message": f"the planner failed: {e}", "plan": None,
+                    "before": [], "after": [], "after_summary": None, "version": version}
         return {"workload": job, **planning.preview(state, workload_id, plan), "version": version}
 
     @app.get("/api/history", response_model=schemas.History, tags=["dashboard"])
@@ -193,6 +196,8 @@ def create_app(
                 plan = source.plan_for(source.version, workload_id, lambda: planning.make_plan(state, workload_id))
             except planning.PlannerUnavailable as e:
                 raise HTTPException(409, str(e)) from None
+            except Exception as e:
+                raise HTTPException(409, f"the planner failed: {e}") from None
             if not plan.feasible or not plan.moves:
                 raise HTTPException(409, f"no plan to apply: {plan.reason or 'the request fits already'}")
             try:
