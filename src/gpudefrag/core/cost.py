@@ -20,8 +20,7 @@ from .model import MILLI, Workload
 
 GB = 1e9
 
-# Seconds weigh this much against GPU-seconds in a plan's score: a tie-breaker, so that a CPU-only workload
-# (0 GPUs) still costs something to move and, among equal GPU-second plans, the faster one wins.
+# A CPU-only workload (0 GPUs) costs this many score units per second of its move, so moving it is not free.
 SECONDS_WEIGHT = 1e-3
 
 
@@ -58,8 +57,8 @@ class MoveCost:
 
     @property
     def score(self) -> float:
-        """What the planner minimises: GPU-seconds, with seconds as a small tie-breaker."""
-        return self.gpu_s + SECONDS_WEIGHT * self.total_s
+        """What the planner minimises: GPU-seconds (seconds × SECONDS_WEIGHT for a CPU-only workload)."""
+        return self.gpu_s if self.gpus > 0 else SECONDS_WEIGHT * self.total_s
 
     def as_dict(self) -> dict[str, float | bool]:
         return {
@@ -203,7 +202,7 @@ class CostModel:
             + self.overhead_s
             + np.where(fresh, 0.0, np.maximum(np.nan_to_num(ckpt_age_s), 0.0))
         )
-        return total * gpus + SECONDS_WEIGHT * total
+        return np.where(gpus > 0, total * gpus, SECONDS_WEIGHT * total)
 
     # ------------------------------------------------------------------ alternatives
     def eviction_cost(self, w: Workload, now: float) -> AltCost:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .cost import AltCost
+from .fragmentation import eligible_mask
 from .model import MILLI, ClusterState, Placement, Request, Workload, WorkloadState
 from .planner_heuristic import solve as solve_heuristic
 from .planner_problem import Part, Problem, Work, parts_of
@@ -27,6 +28,7 @@ __all__ = [
     "PlanOptions",
     "Solver",
     "apply_moves",
+    "fits_after",
     "plan_all_pending",
     "plan_for",
     "plan_moves",
@@ -41,6 +43,15 @@ class MoveError(ValueError):
 def apply_moves(state: ClusterState, moves: Iterable[Move]) -> ClusterState:
     """The state after the moves, applied one by one. Raises MoveError naming the first move that is invalid
     or would exceed a GPU, CPU or memory capacity at the moment it is made."""
+    current, _free, _cpu, _mem = replay(state, moves)
+    return state.with_workloads(current.values())
+
+
+def replay(
+    state: ClusterState, moves: Iterable[Move]
+) -> tuple[dict[str, Workload], np.ndarray, np.ndarray, np.ndarray]:
+    """Apply the moves one by one to the free arrays, checking each; returns the workloads after and the
+    free GPU, CPU and memory arrays (without building a new ClusterState, which large clusters pay for)."""
     free = state.free_milli.copy()
     cpu = state.cpu_free.copy()
     mem = state.mem_free.copy()
@@ -77,7 +88,7 @@ def apply_moves(state: ClusterState, moves: Iterable[Move]) -> ClusterState:
         if cpu[t] < 0 or mem[t] < 0:
             raise MoveError(f"{where}: {m.target} has not enough CPU or memory")
         current[w.id] = dataclasses.replace(w, placements=(Placement(m.target, tuple(m.target_gpus)),))
-    return state.with_workloads(current.values())
+    return current, free, cpu, mem
 
 
 def with_reservation(state: ClusterState, rid: str, request: Request, placements: Sequence[Placement]) -> ClusterState:
@@ -91,17 +102,26 @@ def with_reservation(state: ClusterState, rid: str, request: Request, placements
     return state.with_workloads([*state.workloads, res])
 
 
-def _fits_after(state: ClusterState, request: Request, placements: Sequence[Placement]) -> bool:
+def fits_after(state: ClusterState, moves: Sequence[Move], request: Request,
+               placements: Sequence[Placement]) -> bool:
+    """Whether, after the moves (each checked as it is made), the request fits on `placements`: one distinct
+    eligible node per part, its GPUs with room for the share, and its CPU and memory."""
+    _current, free, cpu, mem = replay(state, moves)
     if len(placements) != request.node_count or len({p.node for p in placements}) != len(placements):
         return False
-    try:
-        with_reservation(state, "reserved:check", request, placements)
-    except ValueError:
-        return False
-    idx = state.node_index
+    eligible = eligible_mask(state, request)
+    free = free.copy()
     for p in placements:
-        i = idx[p.node]
-        if state.cpu_free[i] < request.cpu_milli or state.mem_free[i] < request.memory_mib:
+        i = state.node_index.get(p.node)
+        if i is None or not eligible[i] or len(set(p.gpus)) != request.gpus_per_node:
+            return False
+        if any(not 0 <= g < free.shape[1] or free[i, g] < request.gpu_milli for g in p.gpus):
+            return False
+        for g in p.gpus:
+            free[i, g] -= request.gpu_milli
+        cpu[i] -= request.cpu_milli
+        mem[i] -= request.memory_mib
+        if cpu[i] < 0 or mem[i] < 0:
             return False
     return True
 
@@ -121,8 +141,7 @@ def plan_from_work(p: Problem, work: Work, request: Request, solver: str, optima
         ev, dr = p.alternatives(wi)
         moves.append(Move(p.label(wi), p.name(src), p.name(dst), gpus, p.move_cost(wi, src, dst), ev, dr))
     placements = tuple(Placement(p.name(i), g) for _part, i, g in work.reserved)
-    after = apply_moves(p.state, moves)
-    if not _fits_after(after, request, placements):  # pragma: no cover - a solver bug, never a user error
+    if not fits_after(p.state, moves, request, placements):  # pragma: no cover - a solver bug, not user error
         raise AssertionError(f"{solver} produced a plan after which {request.label()} does not fit")
     return _finish(p, request, tuple(moves), placements, solver, optimal, notes)
 
@@ -140,8 +159,10 @@ def _finish(p: Problem, request: Request, moves: tuple[Move, ...], placements: t
         whole = int((p.state.free_milli[i] >= MILLI).sum())
         explain.append(f"{request.label()} lands on {', '.join(pl.node for pl in placements)} "
                        f"({whole}/{p.state.nodes[i].usable_gpus} GPUs of {target} free before the plan)")
+    ids = {m.workload_id for m in moves}
+    index = {w.id: i for i, w in enumerate(p.ws) if w.id in ids}
     for m in moves:
-        wi = p.state.running.index(p.state.workload(m.workload_id))
+        wi = index[m.workload_id]
         alt = _alt_text(m.evict, m.drain)
         explain.append(f"move {m.workload_id} {m.source} -> {m.target}: {m.cost.total_s:.0f} s, "
                        f"{m.cost.gpu_s:.0f} GPU-s ({alt})")

@@ -264,8 +264,11 @@ def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) 
     forbid = np.zeros(len(p.state.nodes), dtype=bool)
     for i in order:
         i = int(i)
-        if best is not None and lb[i] >= best.score - work.score:
+        bar = np.inf if best is None else best.score - work.score
+        if lb[i] >= bar:
             break
+        if room_bound(p, work, part, i) >= bar:
+            continue  # even its cheapest way to make room costs more than the best plan so far
         trial, why = clear_node(p, work, part, i, forbid)
         if trial is None:
             reasons.append(f"{p.name(i)}: {why}")
