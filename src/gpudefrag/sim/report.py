@@ -1,0 +1,316 @@
+"""Reports: CSV results, PNG plots (matplotlib, Agg) and a one-page Markdown report, into a folder.
+
+Everything is written into a fresh temporary folder beside the target and renamed into place at the end, so a
+failure leaves no half-written report folder behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from .bound import BoundResult
+from .dynamic import DynamicResult
+from .experiments import PAPER_AT_100
+from .replay import CURVE_MAX, ReplayResult
+
+POINTS = (75, 80, 90, 95, 100, 110, 120, 130)
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """Yield a temporary folder; on success it becomes `out` (which must not exist), on error it vanishes."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        os.replace(tmp, out) if not out.exists() else _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    old = out.parent / f".{out.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _plt():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _fmt(x: float) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+# ---------------------------------------------------------------------------------------------- static
+def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.ndarray],
+                   bounds: Sequence[BoundResult]) -> list[dict[str, object]]:
+    """One row per policy: median unallocated % at the study's points, authors' value at 100, moves."""
+    rows = []
+    by: dict[str, list[ReplayResult]] = {}
+    for r in results:
+        by.setdefault(r.policy, []).append(r)
+    for pol, rs in by.items():
+        curves = np.stack([r.unallocated_curve for r in rs])
+        med = np.nanmedian(curves, axis=0)
+        base = pol.split("+")[0]
+        a = authors.get(base) if "+" not in pol else None
+        n100 = [int((r.arrived_pct <= 100.0 + 1e-9).sum()) for r in rs]
+        placed100 = [int(r.placed[:k].sum()) for r, k in zip(rs, n100, strict=True)]
+        row: dict[str, object] = {"policy": pol, "seeds": len(rs)}
+        for k in POINTS:
+            row[f"unalloc_{k}"] = float(med[k])
+        row["authors_100"] = float(a[100]) if a is not None else float("nan")
+        row["paper_100"] = PAPER_AT_100.get(pol, float("nan"))
+        if a is not None:
+            row["max_abs_diff_75_130"] = float(np.nanmax(np.abs(med[75:131] - a[75:131])))
+        else:
+            row["max_abs_diff_75_130"] = float("nan")
+        row["failed_pods_median"] = float(np.median([r.failed for r in rs]))
+        row["moves_per_placed_pod"] = float(np.median([r.stats.moves / max(int(r.placed.sum()), 1) for r in rs]))
+        row["evictions"] = float(np.median([r.stats.evictions for r in rs]))
+        row["evicted_lost"] = float(np.median([r.stats.evicted_lost for r in rs]))
+        row["moved_gib"] = float(np.median([r.stats.moved_bytes for r in rs])) / 2**30
+        row["multi_gpu_failed_clearable"] = float(np.median([r.stats.multi_gpu_failed_clearable for r in rs]))
+        row["placed_at_100_median"] = float(np.median(placed100))
+        row["seconds_median"] = float(np.median([r.seconds for r in rs]))
+        rows.append(row)
+    if bounds:
+        lb = float(np.median([b.unallocated_pct for b in bounds]))
+        for row in rows:
+            row["lower_bound_100"] = lb
+    return rows
+
+
+def write_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping[str, np.ndarray],
+                 bounds: Sequence[BoundResult], meta: Mapping[str, object]) -> list[dict[str, object]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "curves.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["policy", "seed", "arrived_pct", "unallocated_pct", "fgd_fragmentation_pct"])
+        for r in results:
+            for k in range(CURVE_MAX + 1):
+                if not math.isnan(r.curve[k]):
+                    w.writerow([r.policy, r.seed, k, f"{100 - r.curve[k]:.4f}", f"{r.frag_curve[k]:.4f}"])
+    with (folder / "runs.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["policy", "seed", "pods", "failed", "unallocated_100", "moves", "evictions", "evicted_lost",
+                    "moved_gib", "move_seconds", "multi_gpu_failed_clearable", "seconds"])
+        for r in results:
+            w.writerow([r.policy, r.seed, r.pods, r.failed, f"{r.unallocated_at(100):.4f}", r.stats.moves,
+                        r.stats.evictions, r.stats.evicted_lost, f"{r.stats.moved_bytes / 2**30:.2f}",
+                        f"{r.stats.move_seconds:.1f}", r.stats.multi_gpu_failed_clearable, f"{r.seconds:.2f}"])
+    if bounds:
+        with (folder / "bound.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            keys = list(bounds[0].as_dict())
+            w.writerow(["seed", *keys])
+            for seed, b in zip(meta.get("seeds", []), bounds, strict=False):  # type: ignore[call-overload]
+                w.writerow([seed, *b.as_dict().values()])
+    summary = static_summary(results, authors, bounds)
+    with (folder / "summary.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(summary[0]))
+        w.writeheader()
+        w.writerows(summary)
+    _plot_static(folder, results, authors, bounds)
+    _markdown_static(folder, summary, bounds, meta)
+    return summary
+
+
+def _plot_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping[str, np.ndarray],
+                 bounds: Sequence[BoundResult]) -> None:
+    plt = _plt()
+    x = np.arange(CURVE_MAX + 1)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    by: dict[str, list[np.ndarray]] = {}
+    for r in results:
+        by.setdefault(r.policy, []).append(r.unallocated_curve)
+    for pol, curves in by.items():
+        st = np.stack(curves)
+        med = np.nanmedian(st, axis=0)
+        (line,) = ax.plot(x[60:], med[60:], label=f"{pol} (median of {len(curves)})")
+        if len(curves) > 1:
+            ax.fill_between(x[60:], np.nanpercentile(st, 25, axis=0)[60:], np.nanpercentile(st, 75, axis=0)[60:],
+                            color=line.get_color(), alpha=0.15)
+        a = authors.get(pol)
+        if a is not None:
+            ax.plot(x[60:], a[60:], linestyle=":", color=line.get_color(), label=f"{pol} (authors)")
+    ax.plot(x[60:], np.maximum(0, 100 - x[60:]), color="black", linestyle="--", label="ideal max(0, 100 − x)")
+    if bounds:
+        lb = float(np.median([b.unallocated_pct for b in bounds]))
+        ax.scatter([100], [lb], marker="*", s=120, color="black", zorder=5, label=f"lower bound at 100 % ({lb:.2f})")
+    ax.set_xlabel("arrived workload (% of cluster GPU capacity)")
+    ax.set_ylabel("unallocated GPU (%)")
+    ax.set_ylim(0, 40)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(folder / "unallocated_vs_arrived.png", dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    fr: dict[str, list[np.ndarray]] = {}
+    for r in results:
+        fr.setdefault(r.policy, []).append(r.frag_curve)
+    for pol, curves in fr.items():
+        ax.plot(x, np.nanmedian(np.stack(curves), axis=0), label=pol)
+    ax.set_xlabel("arrived workload (% of cluster GPU capacity)")
+    ax.set_ylabel("FGD fragmentation (% of capacity)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "fragmentation_vs_arrived.png", dpi=120)
+    plt.close(fig)
+
+
+def static_table_markdown(summary: Sequence[Mapping[str, object]]) -> str:
+    head = "| policy | " + " | ".join(f"{k} %" for k in POINTS) + " | authors @100 | max Δ 75–130 | moves/pod |"
+    sep = "|---|" + "---:|" * (len(POINTS) + 3)
+    lines = [head, sep]
+    for r in summary:
+        cells = [_fmt(float(r[f"unalloc_{k}"])) for k in POINTS]  # type: ignore[arg-type]
+        lines.append(f"| {r['policy']} | " + " | ".join(cells) + f" | {_fmt(float(r['authors_100']))} | "  # type: ignore[arg-type]
+                     f"{_fmt(float(r['max_abs_diff_75_130']))} | {float(r['moves_per_placed_pod']):.3f} |")  # type: ignore[arg-type]
+    return "\n".join(lines)
+
+
+def _markdown_static(folder: Path, summary: Sequence[Mapping[str, object]], bounds: Sequence[BoundResult],
+                     meta: Mapping[str, object]) -> None:
+    lines = ["# Static replay (FGD method)", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    lines += ["", "Median unallocated GPU % over seeds, by arrived workload (% of GPU capacity):", "",
+              static_table_markdown(summary), ""]
+    if bounds:
+        lb = np.median([b.unallocated_pct for b in bounds])
+        lp = np.median([100 * (1 - b.lp_alloc_milli / (b.gpus * 1000)) for b in bounds])
+        lines += [f"Lower bound at 100 % arrived (relaxation: no node boundaries, CPU or GPU models; arc-flow "
+                  f"ILP over GPU fill patterns): **{lb:.2f} %** (LP: {lp:.2f} %).", ""]
+    lines += ["![unallocated](unallocated_vs_arrived.png)", "", "![fragmentation](fragmentation_vs_arrived.png)", "",
+              "Files: `curves.csv` (every run, every percent), `runs.csv`, `summary.csv`, `bound.csv`."]
+    (folder / "report.md").write_text("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- dynamic
+def dynamic_summary(results: Sequence[DynamicResult]) -> list[dict[str, object]]:
+    rows = []
+    for r in results:
+        row: dict[str, object] = {"config": r.label, "mean_util": r.mean_util(), "moves": r.moves,
+                                  "evictions": r.evictions, "move_gpu_s": r.move_gpu_s, "lost_gpu_s": r.lost_gpu_s,
+                                  "moved_or_lost_share": r.moved_share, "moved_gib": r.moved_bytes / 2**30,
+                                  "mean_stranded_gpus": float(r.stranded.mean()) if len(r.stranded) else 0.0}
+        for c, d in r.delays().items():
+            row[f"{c}_mean_s"] = d["mean_s"]
+            row[f"{c}_p95_s"] = d["p95_s"]
+        rows.append(row)
+    return rows
+
+
+def gap_closed(results: Sequence[DynamicResult], cls: str = "8-gpu") -> float | None:
+    """Share of the FGD → pooled gap in p95 delay of `cls` jobs that FGD+migrate closes."""
+    d = {r.label: r.delays().get(cls, {}).get("p95_s", float("nan")) for r in results}
+    f, m, p = d.get("fgd"), d.get("fgd+migrate"), d.get("pooled")
+    if f is None or m is None or p is None or not f > p:
+        return None
+    return (f - m) / (f - p)
+
+
+def write_dynamic(folder: Path, results: Sequence[DynamicResult],
+                  meta: Mapping[str, object]) -> list[dict[str, object]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "jobs.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["config", "job", "size_class", "gpus", "submit_s", "waited_s", "end_s"])
+        for r in results:
+            for i in range(len(r.size_class)):
+                w.writerow([r.label, i, r.size_class[i], r.gpu_equiv[i], f"{r.submit[i]:.1f}",
+                            f"{r.waited[i]:.1f}", f"{r.end[i]:.1f}"])
+    with (folder / "timeseries.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["config", "time_s", "utilisation", "stranded_gpus"])
+        for r in results:
+            step = max(1, len(r.times) // 2000)
+            for t, u, s in zip(r.times[::step], r.util[::step], r.stranded[::step], strict=True):
+                w.writerow([r.label, f"{t:.1f}", f"{u:.4f}", f"{s:.0f}"])
+    summary = dynamic_summary(results)
+    keys: list[str] = []
+    for row in summary:
+        keys += [k for k in row if k not in keys]
+    with (folder / "summary.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(summary)
+    _plot_dynamic(folder, results)
+    gc = gap_closed(results)
+    lines = ["# Dynamic simulation", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
+             dynamic_table_markdown(results), ""]
+    if gc is not None:
+        lines += [f"FGD+migrate closes **{100 * gc:.0f} %** of the gap in 8-GPU p95 queueing delay between FGD "
+                  "and the pooled bound.", ""]
+    lines += ["![delay](delay_by_size.png)", "", "![utilisation](utilisation.png)", "", "![stranded](stranded.png)", "",
+              "Files: `jobs.csv`, `timeseries.csv`, `summary.csv`."]
+    (folder / "report.md").write_text("\n".join(lines) + "\n")
+    return summary
+
+
+def dynamic_table_markdown(results: Sequence[DynamicResult]) -> str:
+    classes: list[str] = []
+    for r in results:
+        classes += [c for c in r.delays() if c not in classes]
+    head = "| config | " + " | ".join(f"{c} mean / p95 (s)" for c in classes) + \
+        " | util | moves | evictions | GPU-s moving or lost |"
+    lines = [head, "|---|" + "---:|" * (len(classes) + 4)]
+    for r in results:
+        d = r.delays()
+        cells = [f"{d[c]['mean_s']:.0f} / {d[c]['p95_s']:.0f}" if c in d else "—" for c in classes]
+        lines.append(f"| {r.label} | " + " | ".join(cells) +
+                     f" | {r.mean_util():.3f} | {r.moves} | {r.evictions} | {100 * r.moved_share:.2f} % |")
+    return "\n".join(lines)
+
+
+def _plot_dynamic(folder: Path, results: Sequence[DynamicResult]) -> None:
+    plt = _plt()
+    classes: list[str] = []
+    for r in results:
+        classes += [c for c in r.delays() if c not in classes]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(len(results), 1)
+    for i, r in enumerate(results):
+        d = r.delays()
+        ax.bar(np.arange(len(classes)) + i * width, [d.get(c, {}).get("p95_s", 0) / 60 for c in classes],
+               width, label=r.label)
+    ax.set_xticks(np.arange(len(classes)) + 0.4 - width / 2, classes)
+    ax.set_ylabel("p95 queueing delay (min)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(folder / "delay_by_size.png", dpi=120)
+    plt.close(fig)
+    for name, attr, ylabel in (("utilisation", "util", "GPU utilisation"),
+                               ("stranded", "stranded", "wholly free GPUs the head job cannot use")):
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        for r in results:
+            ax.plot(r.times / 3600, getattr(r, attr), label=r.label, linewidth=0.7)
+        ax.set_xlabel("time (h)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(folder / f"{name}.png", dpi=120)
+        plt.close(fig)
