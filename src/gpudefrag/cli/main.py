@@ -28,6 +28,8 @@ COMMAND_MODULES = (
     "gpudefrag.cli.serve_cmd",
     "gpudefrag.cli.kube_cmds",
     "gpudefrag.cli.simulate_cmd",
+    "gpudefrag.cli.controller_cmd",
+    "gpudefrag.cli.run_cmd",
 )
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,152 @@
+"""`gpudefrag controller`: the live loop (observe → trigger → filter → plan → execute); `gpudefrag migrations`:
+the journal's history."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .common import JsonOpt, console, emit_json, fail
+
+DEFAULT_STATE_DIR = Path(os.environ.get("GPUDEFRAG_STATE_DIR", "/var/lib/gpudefrag"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("controller")(controller)
+    app.command("migrations")(migrations)
+
+
+def _journal_path(journal: Path | None) -> Path:
+    return journal or DEFAULT_STATE_DIR / "journal.db"
+
+
+def controller(
+    policy: Path = typer.Option(..., "--policy", help="Policy file (YAML)"),
+    engine: str = typer.Option("slurm", "--engine", help="slurm | sim"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be done; change nothing"),
+    once: bool = typer.Option(False, "--once", help="One cycle, as if requested (the CLI request trigger)"),
+    interval: float = typer.Option(2.0, "--interval", help="Seconds between cycles"),
+    max_cycles: int = typer.Option(None, "--max-cycles", help="Stop after this many cycles"),
+    until_idle: bool = typer.Option(False, "--until-idle",
+                                    help="Stop once no migration is in flight and no trigger fired"),
+    journal: Path = typer.Option(None, "--journal", envvar="GPUDEFRAG_JOURNAL",
+                                 help="SQLite journal (default $GPUDEFRAG_STATE_DIR/journal.db)"),
+    run_dir: Path = typer.Option(None, "--run-dir", envvar="GPUDEFRAG_RUN_DIR",
+                                 help="Shared directory the job wrappers use"),
+    store: Path = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="Checkpoint store root"),
+    key: Path = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="Store signing key"),
+    snapshot: Path = typer.Option(None, "--snapshot", help="--engine sim: the cluster to simulate"),
+    request_file: Path = typer.Option(None, "--request-file",
+                                      help="A file whose appearance requests a cycle (consumed)"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Watch the cluster and move jobs as the policy says; every decision is printed with its reason."""
+    from ..policy import load_policy
+
+    pol = load_policy(policy)  # a malformed policy: one error naming the field, exit 2, nothing started
+    from ..control.controller import Controller, enrich_from_store
+    from ..control.executor import Executor, ExecutorConfig, crash_hook_from_env
+    from ..control.journal import Journal
+
+    sim = None
+    if engine == "slurm":
+        from ..engines.slurm import SlurmEngine
+
+        eng = SlurmEngine()
+    elif engine == "sim":
+        from ..engines.sim import SimEngine
+        from ..snapshot import load_snapshot
+
+        if snapshot is None:
+            raise fail("--engine sim needs --snapshot FILE")
+        sim = eng = SimEngine(load_snapshot(snapshot))
+    else:
+        raise fail(f"--engine must be slurm or sim, not {engine!r}")
+
+    def log(msg: str) -> None:
+        if not json_out:
+            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(msg)}")
+
+    executor = None
+    st = None
+    if store is not None:
+        from ..checkpoint.store import CheckpointStore, default_key_path
+
+        st = CheckpointStore(store, key or default_key_path())
+    if not dry_run:
+        if sim is None and (run_dir is None or st is None) and pol.action.kind == "migrate":
+            raise fail("moving jobs needs --run-dir and --store (the wrappers' shared directory and store)")
+        j = Journal(_journal_path(journal), on_write=crash_hook_from_env())
+        if sim is not None:
+            agent = sim
+        else:
+            from ..control.agent import FileAgent
+
+            assert run_dir is not None
+            agent = FileAgent(run_dir, st, signal=lambda wid: eng.signal(wid, "USR2", batch=True))
+        executor = Executor(eng, agent, j, ExecutorConfig.from_policy(pol), log=log)
+        if executor.active():
+            log(f"resuming {len(executor.active())} migration(s) from {j.path}")
+    ctl = Controller(eng, pol, executor, dry_run=dry_run, log=log,
+                     enrich=enrich_from_store(st) if st is not None else None, request_file=request_file)
+    if once:
+        ctl.request()
+
+    def on_cycle(report) -> None:  # type: ignore[no-untyped-def]
+        if json_out:
+            sys.stdout.write(json.dumps(report.as_dict(), default=str) + "\n")
+            sys.stdout.flush()
+        if sim is not None:
+            sim.advance(interval)
+
+    n = 0
+    while True:
+        report = ctl.cycle()
+        on_cycle(report)
+        n += 1
+        if once or (max_cycles is not None and n >= max_cycles):
+            break
+        if until_idle and report.in_flight == 0 and not any(d.kind in ("trigger", "submit", "progress")
+                                                             for d in report.decisions):
+            break
+        if sim is None:
+            time.sleep(interval)
+    if executor is not None and once:
+        # one cycle asked for: finish what it started (bounded by the policy's timeouts)
+        while executor.active():
+            time.sleep(interval if sim is None else 0)
+            if sim is not None:
+                sim.advance(interval)
+            for m in executor.tick():
+                log(f"migration {m.id} of {m.workload_id}: {m.state.value}")
+
+
+def migrations(
+    journal: Path = typer.Option(None, "--journal", envvar="GPUDEFRAG_JOURNAL", help="SQLite journal"),
+    limit: int = typer.Option(20, "--limit", help="How many, newest first"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """The migration history from the journal, newest first, with every step."""
+    from ..control.journal import Journal
+
+    path = _journal_path(journal)
+    if not path.exists():
+        raise fail(f"{path}: no journal here (give --journal)")
+    hist = Journal(path).history(limit)
+    if json_out:
+        emit_json({"journal": str(path), "migrations": hist})
+        return
+    t = Table(box=None)
+    for c in ("id", "workload", "move", "state", "reason", "steps"):
+        t.add_column(c)
+    for h in hist:
+        t.add_row(str(h["id"]), h["workload_id"], f"{h['source']} → {h['target']}", h["state"],
+                  escape(h["reason"]), " → ".join(s["state"] for s in h["steps"]))
+    console.print(t)
