@@ -36,7 +36,9 @@ def test_demo_map_plan_and_apply(page: Any, live_server: LiveServer) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     dialogs: list[str] = []
     errors: list[str] = []
+    requests: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda req: requests.append(req.url))
     open_dashboard(page, live_server, dialogs)
     doc = demo_document()
 
@@ -92,6 +94,7 @@ def test_demo_map_plan_and_apply(page: Any, live_server: LiveServer) -> None:
     assert page.locator("#map .cell.owned").count() == owned  # moved, not evicted
     page.screenshot(path=str(ARTIFACTS / "dashboard-after-apply.png"), full_page=True)
     assert dialogs == [] and errors == []
+    assert requests and all(u.startswith(live_server.url) for u in requests)  # offline: no CDN, nothing else
 
 
 def test_hostile_names_render_as_text(page: Any, xss_server: LiveServer) -> None:
@@ -153,3 +156,19 @@ def test_checkpoint_button_records_a_fresh_checkpoint(page: Any, live_server: Li
     expect(page.locator("#status")).to_contain_text("checkpoint recorded for train-gpt-small")
     page.click("#workload-legend .item[data-workload='train-gpt-small']")
     expect(page.locator("#workload-detail")).to_contain_text("last checkpoint 0 s ago")
+
+
+def test_offline_api_reference_lists_every_operation(page: Any, live_server: LiveServer) -> None:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(live_server.url + "/openapi.json", timeout=10) as r:
+        spec = json.load(r)
+    want = {f"{m.upper()} {p}" for p, ops in spec["paths"].items() for m in ops}
+    requests: list[str] = []
+    page.on("request", lambda req: requests.append(req.url))
+    page.goto(live_server.url + "/api-docs")
+    expect(page.locator(".op[data-op]")).to_have_count(len(want))
+    got = {page.locator(".op[data-op]").nth(i).get_attribute("data-op") for i in range(len(want))}
+    assert got == want
+    assert all(u.startswith(live_server.url) for u in requests)  # nothing from a CDN

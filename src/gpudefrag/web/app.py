@@ -91,6 +91,11 @@ def create_app(
     def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
+    @app.get("/api-docs", include_in_schema=False)
+    def api_docs() -> FileResponse:
+        """The API reference from /openapi.json, with no CDN (FastAPI's /docs needs one)."""
+        return FileResponse(STATIC / "api.html", media_type="text/html")
+
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
