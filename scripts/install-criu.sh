@@ -2,8 +2,9 @@
 # Install CRIU >= 4.1 (needed on kernels >= 6.13: older CRIU fails `criu check` on the vDSO layout).
 # Debian 13: the distribution's package. Debian 12: Debian 13's package unpacked into a private prefix and run
 # through Debian 13's own loader, so the system's C library is never touched. Idempotent.
-# Result: a working `criu` on PATH (/usr/local/sbin/criu wrapper on Debian 12) and pycriu importable by
-# the project's venv via /usr/local/lib/gpudefrag-criu/python.
+# Result: a working `criu` on PATH (/usr/local/sbin/criu wrapper on Debian 12). gpudefrag drives the criu CLI
+# (why: src/gpudefrag/checkpoint/criu.py), so pycriu is not needed; python3-pycriu is unpacked beside it only
+# for `crit` (inspecting images by hand: PYTHONPATH=$PREFIX/usr/lib/python3/dist-packages).
 set -euo pipefail
 PREFIX=${GPUDEFRAG_CRIU_PREFIX:-/opt/gpudefrag/criu-root}
 log() { printf '[install-criu] %s\n' "$*" >&2; }
@@ -54,7 +55,6 @@ case "$major" in
 exec $lib/ld-linux-x86-64.so.2 --library-path $lib $PREFIX/usr/sbin/criu "\$@"
 WRAP
     chmod 755 /usr/local/sbin/criu
-    # crit and pycriu are pure Python: make them importable (protobuf comes from the venv / PyPI)
     ;;
   *) log "unsupported Debian version '$(cat /etc/debian_version)'"; exit 1 ;;
 esac
