@@ -201,3 +201,32 @@ def _ppid(p: Path) -> int | None:
         return int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def test_a_process_tree_is_dumped_and_restored_whole(criu, store: CheckpointStore, probes: Probes,
+                                                     tmp_path: Path) -> None:
+    """A job step is often a shell with the real work as its child: dumping the root takes the whole tree."""
+    import sys
+
+    from gpudefrag.checkpoint.launch import process_tree, spawn_job
+
+    log = tmp_path / "tree.log"
+    job = spawn_job(["/bin/sh", "-c", f"{sys.executable} -m gpudefrag.checkpoint.probe_job --log {log} & wait"],
+                    stdout=tmp_path / "tree.out", pidns=True)
+    probes.jobs.append(job)
+    probes.track(job.pid)
+    probe_job.wait_step(log, 2)
+    tree = process_tree(job.pid)
+    assert len(tree) == 2
+    probes.track(tree[1])
+    sha = probe_job.request_checksum(log, tree[1])
+    m, _ = checkpoint_to_store(store, criu, job.pid, "tree")
+    job.reap()
+    assert not any(Path(f"/proc/{p}").exists() for p in tree)
+    at_dump = probe_job.last_step(log)
+    _, rr = restore_from_store(store, m.id)
+    new_tree = process_tree(rr.pid)
+    for p in new_tree:
+        probes.track(p)
+    assert len(new_tree) == 2
+    finish_and_check(probes, new_tree[1], log, sha, at_dump)

@@ -101,3 +101,30 @@ def test_host_versions_reads_this_machine() -> None:
 
     v = host_versions("criu 9.9")
     assert (v.cpu_arch, v.kernel, v.checkpointer) == (platform.machine(), platform.release(), "criu 9.9")
+
+
+@pytest.mark.parametrize(("path", "target", "ok"), [("parent", "pre-1", True), ("a/parent", "../pre-1", True),
+                                                    ("parent", "../x", False), ("parent", "/etc", False),
+                                                    ("a/b", "../../x", False), ("parent", "pre-1/../..", False)])
+def test_link_stays_inside(path: str, target: str, ok: bool) -> None:
+    from gpudefrag.checkpoint.manifest import link_stays_inside
+
+    assert link_stays_inside(path, target) is ok
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200))
+def test_any_key_file_content_is_a_key_or_an_insecure_key_error(tmp_path_factory, raw: bytes) -> None:
+    import os
+
+    from gpudefrag.checkpoint.keys import load_key
+
+    p = tmp_path_factory.mktemp("k") / "key"
+    p.write_bytes(raw)
+    os.chmod(p, 0o600)
+    try:
+        key = load_key(p, create=False)
+    except CheckpointError as e:
+        assert e.reason == rc.INSECURE_KEY
+    else:
+        assert len(key) >= 16 and key == bytes.fromhex(raw.strip().decode())

@@ -251,3 +251,30 @@ def test_key_must_be_hex_and_not_a_link(tmp_path: Path) -> None:
         load_key(link)
     with pytest.raises(CheckpointError):
         load_key(tmp_path / "missing", create=False)
+
+
+def test_links_inside_the_checkpoint_are_signed_and_checked(store: CheckpointStore) -> None:
+    """CRIU's pre-copy leaves `parent -> pre-2` in the final dump: allowed, signed, and verified."""
+    with store.create("wl") as p:
+        (p.dir / "pre-1").mkdir()
+        (p.dir / "pre-1" / "pages-1.img").write_bytes(b"old pages")
+        (p.dir / "pages-1.img").write_bytes(b"new pages")
+        (p.dir / "parent").symlink_to("pre-1")
+        m = p.commit(backend="criu", mode="precopy", compat=COMPAT)
+    assert [(ln.path, ln.target) for ln in m.links] == [("parent", "pre-1")]
+    d = store.path(m.id)
+    assert store.verify(m.id).ok
+    (d / "parent").unlink()
+    (d / "parent").symlink_to("/etc")
+    assert store.verify(m.id).reason == rc.UNSAFE_PATH
+    (d / "parent").unlink()
+    assert store.verify(m.id).reason == rc.MISSING_FILE
+
+
+@pytest.mark.parametrize("target", ["/etc", "../..", "a/../../x"])
+def test_links_leaving_the_checkpoint_are_refused_at_commit(store: CheckpointStore, target: str) -> None:
+    with pytest.raises(CheckpointError) as e, store.create("wl") as p:
+        (p.dir / "parent").symlink_to(target)
+        p.commit(backend="criu", mode="precopy", compat=COMPAT)
+    assert e.value.reason == rc.UNSAFE_PATH
+    assert store.ids() == []

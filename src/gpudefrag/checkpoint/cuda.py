@@ -23,6 +23,7 @@ from typing import Any
 
 from ..core.model import Versions
 from .criu import CriuBackend
+from .launch import process_tree
 from .protocol import CHECKPOINT_FAILED, RESTORE_FAILED, UNAVAILABLE, CheckpointError, CheckpointResult
 
 INSTALL_HINT = "pip install 'gpudefrag[gpu]' (cuda-bindings) on a machine with an NVIDIA driver >= 570"
@@ -84,24 +85,6 @@ def remap(checkpointed: dict[str, str], here: dict[str, str]) -> dict[str, str]:
     if models_old != models_new:
         raise CheckpointError(RESTORE_FAILED, f"GPU models differ: checkpoint {models_old}, here {models_new}")
     return dict(zip(old, new, strict=False))
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and all its descendants (threads' children included), parents first."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        try:
-            tasks = list(Path(f"/proc/{p}/task").iterdir())
-        except FileNotFoundError:
-            continue
-        for t in tasks:
-            try:
-                todo += [int(c) for c in (t / "children").read_text().split()]
-            except FileNotFoundError:
-                continue
-    return out
 
 
 def driver_release() -> str | None:

@@ -100,3 +100,21 @@ def _job_pid(p: subprocess.Popen[bytes], exe: str, timeout: float) -> int:
             raise CheckpointError(UNAVAILABLE, f"job launcher exited with {p.returncode} before {name} started")
         time.sleep(0.02)
     raise CheckpointError(UNAVAILABLE, f"{name} did not start within {timeout} s")
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (threads' children included), parents first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        try:
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except FileNotFoundError:
+            continue
+        for t in tasks:
+            try:
+                todo += [int(c) for c in (t / "children").read_text().split()]
+            except FileNotFoundError:
+                continue
+    return out

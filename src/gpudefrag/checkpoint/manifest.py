@@ -37,6 +37,13 @@ class FileEntry(_Strict):
     sha256: Hex64
 
 
+class LinkEntry(_Strict):
+    """A symbolic link inside the checkpoint (CRIU's `parent` link from a final dump to its pre-dump images)."""
+
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+    target: Annotated[str, Field(min_length=1, max_length=1024)]
+
+
 class CompatRecord(_Strict):
     """`gpudefrag.core.model.Versions`, field for field."""
 
@@ -68,6 +75,7 @@ class Manifest(_Strict):
     created_unix: float
     parent: str | None = None
     files: tuple[FileEntry, ...]
+    links: tuple[LinkEntry, ...] = ()
     compat: CompatRecord
     gpus: dict[str, str] = Field(default_factory=dict)  # GPU UUID -> model, as seen at checkpoint time
     info: dict[str, Any] = Field(default_factory=dict)  # backend facts: frozen time, pid, notes, ...
@@ -104,6 +112,20 @@ def safe_relpath(rel: str) -> bool:
             and rel not in (".", MANIFEST_NAME) and "\0" not in rel)
 
 
+def link_stays_inside(path: str, target: str) -> bool:
+    """A relative link target that, resolved from the link's folder, stays inside the checkpoint."""
+    if target.startswith("/") or "\0" in target:
+        return False
+    depth = 0
+    for part in [*PurePosixPath(path).parent.parts, *target.split("/")]:
+        if part in ("", "."):
+            continue
+        depth = depth - 1 if part == ".." else depth + 1
+        if depth < 0:
+            return False
+    return True
+
+
 def parse_manifest(raw: bytes, source: str) -> Manifest:
     """Bytes -> Manifest, or CheckpointError(bad-manifest | unsafe-path) naming the file and the field."""
     try:
@@ -126,4 +148,11 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
         if f.path in seen:
             raise CheckpointError(BAD_MANIFEST, f"files[{i}].path: {f.path!r} listed twice", path=source)
         seen.add(f.path)
+    for i, ln in enumerate(m.links):
+        if not safe_relpath(ln.path) or not link_stays_inside(ln.path, ln.target):
+            raise CheckpointError(UNSAFE_PATH, f"links[{i}]: {ln.path!r} -> {ln.target!r} leaves the checkpoint "
+                                  "folder", path=source)
+        if ln.path in seen:
+            raise CheckpointError(BAD_MANIFEST, f"links[{i}].path: {ln.path!r} listed twice", path=source)
+        seen.add(ln.path)
     return m

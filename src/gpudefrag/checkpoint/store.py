@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core.model import Versions
 from .keys import DEFAULT_KEY_PATH, key_id, load_key
-from .manifest import MANIFEST_NAME, CompatRecord, FileEntry, Manifest, parse_manifest
+from .manifest import MANIFEST_NAME, CompatRecord, FileEntry, LinkEntry, Manifest, link_stays_inside, parse_manifest
 from .protocol import (
     BAD_MANIFEST,
     BAD_SIGNATURE,
@@ -175,9 +175,16 @@ class CheckpointStore:
                parent: str | None = None, gpus: dict[str, str] | None = None,
                info: dict[str, Any] | None = None) -> Manifest:
         """Hash every file the backend wrote, sign the manifest, and rename the folder into place."""
-        entries = []
+        entries, links = [], []
         for rel, p in _walk(pending.dir):
             st = p.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(p)
+                if not link_stays_inside(rel, target):
+                    raise CheckpointError(UNSAFE_PATH, f"{rel}: link to {target!r} leaves the checkpoint",
+                                          path=str(pending.dir))
+                links.append(LinkEntry(path=rel, target=target))
+                continue
             if not stat.S_ISREG(st.st_mode):
                 raise CheckpointError(UNSAFE_PATH, f"{rel}: backend left a non-regular file",
                                       path=str(pending.dir))
@@ -193,7 +200,8 @@ class CheckpointStore:
         m = Manifest(
             id=pending.ckpt_id, workload_id=pending.workload_id, backend=backend, mode=mode,
             created_at=datetime.fromtimestamp(now, UTC).isoformat().replace("+00:00", "Z"),
-            created_unix=now, parent=parent, files=tuple(entries), compat=CompatRecord.of(compat),
+            created_unix=now, parent=parent, files=tuple(entries), links=tuple(links),
+            compat=CompatRecord.of(compat),
             gpus=dict(gpus or {}), info=_jsonable(info or {}), key_id=key_id(self.key),
         ).sign(self.key)
         mpath = pending.dir / MANIFEST_NAME
@@ -249,15 +257,23 @@ class CheckpointStore:
         if m.id != ckpt_id:
             return bad(BAD_MANIFEST, f"id: manifest is for {m.id!r}, not this folder")
         listed = {f.path: f for f in m.files}
+        links = {ln.path: ln.target for ln in m.links}
         present: dict[str, Path] = {}
         for rel, p in _walk(d):
             if rel == MANIFEST_NAME:
                 continue
-            if not stat.S_ISREG(p.lstat().st_mode):
+            mode = p.lstat().st_mode
+            if stat.S_ISLNK(mode) and rel in links:
+                if os.readlink(p) != links.pop(rel):
+                    return bad(UNSAFE_PATH, f"{rel}: link target differs from the manifest")
+                continue
+            if not stat.S_ISREG(mode):
                 return bad(UNSAFE_PATH, f"{rel}: not a regular file (link or device)")
             if rel not in listed:
                 return bad(UNEXPECTED_FILE, f"{rel}: present but not in the manifest")
             present[rel] = p
+        if links:
+            return bad(MISSING_FILE, f"{sorted(links)[0]}: link listed in the manifest but missing")
         checked = 0
         for f in m.files:
             p = present.get(f.path)
