@@ -48,6 +48,11 @@ def big_cluster(n: int = 1200) -> dict[str, Any]:
         {"id": f"job-{i}", "gpus_per_node": (i % 4) + 1, "placements": [{"node": f"n{i:05d}"}]}
         for i in range(0, n, 2)
     ]
+    # two workloads sharing one GPU of node 1 (odd nodes are otherwise empty)
+    workloads += [
+        {"id": "frac-a", "gpus_per_node": 1, "gpu_milli": 500, "placements": [{"node": "n00001", "gpus": [0]}]},
+        {"id": "frac-b", "gpus_per_node": 1, "gpu_milli": 250, "placements": [{"node": "n00001", "gpus": [0]}]},
+    ]
     workloads.append({"id": "big", "state": "pending", "gpus_per_node": 8})
     return {"version": 1, "name": "big", "nodes": nodes, "workloads": workloads}
 

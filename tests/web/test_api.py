@@ -105,6 +105,14 @@ def test_map_scales_groups_filters_sorts_and_pages() -> None:
     assert stranded and all(r["stranded_gpus"] > 0 and not r["fits"] for r in stranded)
 
 
+def test_fractional_shares_are_visible_per_gpu() -> None:
+    c = TestClient(create_app(MemorySource(load_snapshot_dict(big_cluster()))))
+    row = rows(c.get("/api/map", params={"q": "n00001"}).json())[0]
+    assert row["name"] == "n00001"
+    assert row["cells"][0] == {"free_milli": 250, "shares": [["frac-a", 500], ["frac-b", 250]]}
+    assert row["free_gpus"] == 7  # the shared GPU is not wholly free
+
+
 def test_pending_job_has_its_diagnosis(client: TestClient) -> None:
     jobs = client.get("/api/pending").json()
     assert [j["id"] for j in jobs] == ["pretrain-8gpu"]

@@ -141,9 +141,17 @@ def test_large_cluster_is_grouped_paged_and_filtered(page: Any, big_server: Live
     assert {groups.nth(i).get_attribute("data-model") for i in range(groups.count())} == {"L40S"}
     page.select_option("#f-model", "")
     page.fill("#f-q", "n00003")
+    expect(page.locator("#map .node-row[data-node='n00003']")).to_have_count(1)
     expect(page.locator("#map .node-row")).to_have_count(1)
     assert page.locator("#map .node-row").get_attribute("data-node") == "n00003"
     assert page.locator("#map .node-row .cell").count() == 4  # node 3 of the cluster has 4 GPUs
+    page.fill("#f-q", "n00001")
+    expect(page.locator("#map .node-row[data-node='n00001']")).to_have_count(1)
+    shared = page.locator("#map .node-row[data-node='n00001'] .cell").first
+    assert shared.locator(".share").count() == 2  # one bar per workload on the shared GPU
+    widths = [shared.locator(".share").nth(i).evaluate("e => e.style.width") for i in range(2)]
+    assert widths == ["50%", "25%"]
+    assert "frac-a (0.50 GPU), frac-b (0.25 GPU), 0.25 GPU free" in (shared.get_attribute("title") or "")
     page.screenshot(path=str(ARTIFACTS / "dashboard-large.png"))
 
 
