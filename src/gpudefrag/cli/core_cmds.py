@@ -164,8 +164,13 @@ def demo(
     diag = diagnose_all(state)[0]
     report = frag_report(state, pending.request)
     stranded_nodes = [n.name for n, ok in zip(state.nodes, fits_mask(state, pending.request), strict=True) if not ok]
+    from ..core.planner import plan_for  # the planner (and OR-Tools) load only when the demo runs
+    from .plan_cmd import print_plan
+
+    plan = plan_for(state, pending.id)
     if json_out:
-        emit_json({"cluster": state.name, "fragmentation": report.as_dict(), "diagnosis": diag.as_dict()})
+        emit_json({"cluster": state.name, "fragmentation": report.as_dict(), "diagnosis": diag.as_dict(),
+                   "plan": plan.as_dict()})
         return
     console.rule("[bold]gpudefrag demo[/]: 4 nodes × 8 H100, one 8-GPU job pending")
     console.print(gpu_map(state, title="GPU map (letters: running jobs, · free GPU, red: stranded)",
@@ -176,3 +181,6 @@ def demo(
     console.print()
     console.rule("diagnosis")
     print_diagnosis(diag)
+    console.print()
+    console.rule("the cheapest plan")
+    print_plan(state, plan)
