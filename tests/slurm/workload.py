@@ -9,6 +9,7 @@ import argparse
 import hashlib
 import os
 import random
+import socket
 import time
 
 
@@ -18,7 +19,11 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=4)
     ap.add_argument("--period", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--connect", help="hold a connection to this unix socket (CRIU cannot dump that)")
     a = ap.parse_args()
+    if a.connect:
+        held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        held.connect(a.connect)
     buf = bytearray(random.Random(a.seed).randbytes(a.mb << 20))
     sha = hashlib.sha256(buf).hexdigest()[:16]
     node_file = os.environ.get("GPUDEFRAG_NODE_FILE", "")
