@@ -86,6 +86,11 @@ async function api(path, options) {
   return body;
 }
 
+function actionError(what, e) {
+  const hint = e.status === 401 ? " (enter the bearer token under Actions)" : "";
+  status(`${what} failed: ${e.message}${hint}`, true);
+}
+
 async function post(path) {
   const token = $("token").value.trim();
   const headers = { Accept: "application/json" };
@@ -225,7 +230,7 @@ async function checkpoint(id) {
     status(`checkpoint recorded for ${id} (version ${r.version})`);
     await refresh();
   } catch (e) {
-    status(`checkpoint failed: ${e.message}`, true);
+    actionError("checkpoint", e);
   }
 }
 
@@ -317,7 +322,7 @@ async function applyPlan(id) {
     status(`applied ${r.moves} move(s); ${r.summary.whole_free_nodes} whole-free node(s) now`);
     await refresh();
   } catch (e) {
-    status(`apply failed: ${e.message}`, true);
+    actionError("apply", e);
   }
 }
 
