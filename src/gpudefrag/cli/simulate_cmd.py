@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..core.placement import FGD_STUDY_POLICIES, POLICIES
 from ..errors import InputError
-from .common import JsonOpt, console, emit_json
+from .common import JsonOpt, console, emit_json, err_console
 
 sim_app = typer.Typer(help="Simulate placement policies and defragmentation (static FGD replay, dynamic queue).",
                       no_args_is_help=True)
@@ -61,8 +61,20 @@ def _check_out(out: Path, force: bool) -> None:
 
 
 def _progress() -> Progress:
+    """On stderr, so that --json output on stdout stays parseable."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=False)
+                    console=err_console, transient=False)
+
+
+def _clean(x: object) -> object:
+    """NaN → null, so the JSON is strict."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
 
 
 @sim_app.command("static")
@@ -113,7 +125,7 @@ def static(
     with staged_folder(out) as tmp:
         summary = write_static(tmp, results, au, bounds, meta)
     if json_out:
-        emit_json({"out": str(out), "summary": summary, "bounds": [b.as_dict() for b in bounds]})
+        emit_json(_clean({"out": str(out), "summary": summary, "bounds": [b.as_dict() for b in bounds]}))
         return
     console.print(static_table_markdown(summary))
     if bounds:
@@ -158,7 +170,7 @@ def dynamic(
         summary = write_dynamic(tmp, results, meta)
     gc = gap_closed(results)
     if json_out:
-        emit_json({"out": str(out), "summary": summary, "gap_closed_8gpu_p95": gc})
+        emit_json(_clean({"out": str(out), "summary": summary, "gap_closed_8gpu_p95": gc}))
         return
     console.print(dynamic_table_markdown(results))
     if gc is not None:
@@ -189,7 +201,7 @@ def bound_cmd(
         b = lower_bound(pre, int(cl.gpu_count.sum()))
         rows.append({"seed": s, **b.as_dict(), "bfd_unallocated_pct": best_fit_decreasing(pre, b.gpus)})
     if json_out:
-        emit_json(rows)
+        emit_json(_clean(rows))
         return
     t = Table("seed", "lower bound %", "LP %", "BFD %", "ideal %", "optimal")
     for r in rows:

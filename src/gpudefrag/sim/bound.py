@@ -97,12 +97,10 @@ def _pack_sharing(sizes: dict[int, int], bins: int, time_limit_s: float) -> tupl
     reach[0] = True
     for ki, s in enumerate(kinds):
         w = s // step
-        starts = np.flatnonzero(reach[: cap - w + 1])
-        new = reach.copy()
-        for u in starts:
-            arcs.append((int(u), int(u + w), ki))
-            new[u + w] = True
-        reach = new
+        for u in range(cap - w + 1):  # ascending, so items of one size stack on each other
+            if reach[u]:
+                arcs.append((u, u + w, ki))
+                reach[u + w] = True
     for u in range(cap):
         arcs.append((u, u + 1, -1))
     nv = len(arcs) + 1  # + z (number of GPUs used)

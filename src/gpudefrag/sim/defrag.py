@@ -144,7 +144,7 @@ class ArrayDefragmenter:
         if pod.num_gpu == 1:
             cost = np.where((free == 0) & (cost > 0), BIG, cost)
         cost = np.where(free < 0, BIG, cost)
-        gpus = tuple(int(g) for g in np.lexsort((free, cost))[: pod.num_gpu])
+        gpus = tuple(int(g) for g in np.lexsort((-free, cost))[: pod.num_gpu])  # fewest pods, least share
         vs: set[int] = set()
         for g in gpus:
             vs.update(placed.on(n, g))

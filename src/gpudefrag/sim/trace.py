@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from ..errors import InputError
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
 MAX_GPUS_PER_NODE = 64
+_INT = re.compile(r"-?[0-9]+")
+_NUM = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +117,9 @@ class _Rows:
 
     def integer(self, lineno: int, fields: list[str], cols: list[int], name: str, lo: int, hi: int) -> int:
         raw, where = self.get(lineno, fields, cols, name)
-        try:
-            v = int(raw)
-        except ValueError:
-            raise InputError(self.source, where, f"expected an integer, got {raw!r}") from None
+        if not _INT.fullmatch(raw):  # int() would also take " 5", "1_000" and non-ASCII digits
+            raise InputError(self.source, where, f"expected an integer, got {raw!r}")
+        v = int(raw)
         if not lo <= v <= hi:
             raise InputError(self.source, where, f"must be in {lo}..{hi}, got {v}")
         return v
@@ -128,10 +130,9 @@ class _Rows:
         raw, where = self.get(lineno, fields, cols, name)
         if raw == "":
             return None
-        try:
-            v = float(raw)
-        except ValueError:
-            raise InputError(self.source, where, f"expected a number of seconds, got {raw!r}") from None
+        if not _NUM.fullmatch(raw):
+            raise InputError(self.source, where, f"expected a number of seconds, got {raw!r}")
+        v = float(raw)
         if not v >= 0:
             raise InputError(self.source, where, f"must be >= 0, got {raw}")
         return v

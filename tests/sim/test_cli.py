@@ -1,0 +1,88 @@
+"""`gpudefrag simulate`: a report folder on success, one error line and no folder on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import pod_row, write_trace
+
+NODES = [f"n{i},32000,262144,{g},{m}" for i, (g, m) in enumerate([(8, "G2"), (8, "G2"), (4, "T4"), (2, "T4")])]
+PODS = [pod_row(i, 4000, k, m) for i, (k, m) in enumerate(
+    [(1, 500), (1, 1000), (2, 1000), (0, 0), (1, 250), (1, 810), (4, 1000), (1, 470)] * 3)]
+
+
+def gpudefrag(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpudefrag.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_static_writes_a_complete_report(tmp_path: Path):
+    n, p = write_trace(tmp_path, NODES, PODS)
+    out = tmp_path / "report"
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(out), "--seeds", "1-2",
+                  "--policies", "fgd,bestfit", "--defrag", "none,migrate", "--workers", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {row["policy"] for row in doc["summary"]} == {"fgd", "bestfit", "fgd+migrate", "bestfit+migrate"}
+    for f in ("curves.csv", "runs.csv", "summary.csv", "bound.csv", "report.md", "unallocated_vs_arrived.png",
+              "fragmentation_vs_arrived.png"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    assert len((out / "runs.csv").read_text().splitlines()) == 1 + 2 * 2 * 2
+    # no temporary folder left beside it
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["nodes.csv", "pods.csv", "report"]
+    again = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(out))
+    assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_malformed_trace_line_is_one_error_and_no_folder(tmp_path: Path):
+    rows = list(PODS)
+    rows[4] = rows[4].replace(",4000,", ",4k,", 1)
+    n, p = write_trace(tmp_path, NODES, rows)
+    out = tmp_path / "report"
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(out), "--seeds", "1")
+    assert r.returncode == 2
+    assert f"{p}: line 6, column 4 (cpu_milli): expected an integer, got '4k'" in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr
+    assert not out.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["nodes.csv", "pods.csv"]
+
+
+def test_bad_options_exit_2(tmp_path: Path):
+    n, p = write_trace(tmp_path, NODES, PODS)
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "o"),
+                  "--policies", "fgd,magic")
+    assert r.returncode == 2 and "magic" in r.stderr
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "o"),
+                  "--seeds", "9-1")
+    assert r.returncode == 2 and "--seeds" in r.stderr
+
+
+def test_dynamic_and_bound_commands(tmp_path: Path):
+    out = tmp_path / "dyn"
+    r = gpudefrag("simulate", "dynamic", "--out", str(out), "--jobs", "200", "--nodes", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [row["config"] for row in doc["summary"]] == ["bestfit", "fgd", "fgd+evict", "fgd+migrate", "pooled"]
+    for f in ("jobs.csv", "timeseries.csv", "summary.csv", "report.md", "delay_by_size.png", "utilisation.png",
+              "stranded.png"):
+        assert (out / f).is_file(), f
+    n, p = write_trace(tmp_path, NODES, PODS)
+    r = gpudefrag("simulate", "bound", "--nodes", str(n), "--pods", str(p), "--seeds", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[0]
+    assert 0 <= row["lower_bound_unallocated_pct"] <= row["bfd_unallocated_pct"] + 1e-9
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+def test_one_fgd_seed_reproduces_the_paper_at_100_percent(alibaba_trace: Path):
+    from gpudefrag.sim.experiments import StaticRun, run_one
+
+    r = run_one(StaticRun(str(alibaba_trace / "openb_node_list_gpu_node.csv"),
+                          str(alibaba_trace / "openb_pod_list_default.csv"), "fgd", 42))
+    # the authors' FGD seeds span 4.62–4.94 at 100 %; one seed of ours must land near that
+    assert 4.2 <= r.unallocated_at(100) <= 5.4

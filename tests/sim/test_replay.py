@@ -1,0 +1,76 @@
+"""The static replay's bookkeeping: capacity never exceeded, arrived workload as defined, tuning, curves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpudefrag.core.model import MILLI
+from gpudefrag.core.placement import Pod
+from gpudefrag.sim.replay import allocation_ok, bucket_means, build_workload, replay
+
+from .conftest import make_cluster
+
+PODS = [Pod(1, 500, 1000), Pod(1, MILLI, 2000), Pod(2, MILLI, 4000), Pod(0, 0, 8000), Pod(1, 250, 500),
+        Pod(4, MILLI, 1000)]
+
+
+def test_tuning_reaches_the_target_and_stops_there():
+    cap = 16 * MILLI
+    wl = build_workload(PODS, cap, seed=5, tune=1.3)
+    total = sum(p.gpu_total for p in wl)
+    assert total >= 1.3 * cap
+    # the last pod with a GPU request is the one that crossed the target
+    last_gpu = max(i for i, p in enumerate(wl) if p.gpu_total)
+    assert total - wl[last_gpu].gpu_total < 1.3 * cap
+    assert set(wl) <= set(PODS)
+    assert build_workload(PODS, cap, 5, 1.3) == wl  # seeded
+    assert build_workload(PODS, cap, 6, 1.3) != wl
+
+
+def test_tuning_drops_pods_when_above_the_target():
+    wl = build_workload(PODS * 10, 4 * MILLI, seed=1, tune=1.0)
+    assert sum(p.gpu_total for p in wl) <= 4 * MILLI
+
+
+@pytest.mark.parametrize("policy", ["random", "dotproduct", "gpuclustering", "gpupacking", "bestfit", "fgd",
+                                    "firstfit", "spread"])
+def test_replay_bookkeeping(policy):
+    cl = make_cluster([[MILLI] * 8, [MILLI] * 8, [MILLI] * 4, [MILLI] * 2], cpu=[40_000, 40_000, 20_000, 8000])
+    cl.mix = None
+    from gpudefrag.sim.trace import fgd_mix
+
+    cl.mix = fgd_mix(PODS)
+    wl = build_workload(PODS, cl.capacity_milli, seed=3, tune=1.3)
+    r = replay(cl, wl, policy, seed=3)
+    # arrived workload = Σ GPU request of the pods submitted so far / capacity, after each pod
+    expected = 100.0 * np.cumsum([p.gpu_total for p in wl]) / cl.capacity_milli
+    assert np.allclose(r.arrived_pct, expected)
+    # allocation never exceeds capacity, never exceeds what arrived, and only grows (nothing leaves)
+    assert (r.alloc_pct <= 100.0 + 1e-9).all()
+    assert (r.alloc_pct <= r.arrived_pct + 1e-9).all()
+    assert (np.diff(r.alloc_pct) >= -1e-9).all()
+    placed = sum(p.gpu_total for p, ok in zip(wl, r.placed, strict=True) if ok)
+    assert r.alloc_pct[-1] == pytest.approx(100.0 * placed / cl.capacity_milli)
+    assert r.failed == int((~r.placed).sum()) > 0  # 130 % cannot all fit
+    # the input cluster is untouched (the replay works on a copy)
+    assert (cl.free[cl.free >= 0] == MILLI).all() and allocation_ok(cl)
+
+
+def test_replay_is_deterministic_per_seed():
+    from gpudefrag.sim.trace import fgd_mix
+
+    cl = make_cluster([[MILLI] * 8] * 3, mix=fgd_mix(PODS))
+    wl = build_workload(PODS, cl.capacity_milli, seed=9, tune=1.2)
+    a, b = replay(cl, wl, "fgd", seed=9), replay(cl, wl, "fgd", seed=9)
+    assert np.array_equal(a.placed, b.placed) and np.array_equal(a.alloc_pct, b.alloc_pct)
+
+
+def test_bucket_means_round_to_the_nearest_percent():
+    arrived = np.array([0.2, 0.4, 0.6, 1.4, 2.6])
+    alloc = np.array([0.2, 0.4, 0.5, 1.0, 2.0])
+    m = bucket_means(arrived, alloc, top=3)
+    assert m[0] == pytest.approx(0.3)
+    assert m[1] == pytest.approx(0.75)
+    assert np.isnan(m[2])
+    assert m[3] == pytest.approx(2.0)

@@ -1,0 +1,96 @@
+"""Trace loaders: valid files load exactly; a malformed field is reported with file, line and column."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpudefrag.core.model import MILLI
+from gpudefrag.errors import InputError
+from gpudefrag.sim.trace import load_nodes, load_pods, load_trace
+
+from .conftest import NODE_HEADER, POD_HEADER, pod_row, write_trace
+
+names = st.text(string.ascii_lowercase + string.digits + "-", min_size=1, max_size=12)
+pods_st = st.lists(
+    st.tuples(st.integers(0, 96_000), st.integers(0, 8), st.integers(1, MILLI), st.sampled_from(["", "T4", "A|B"])),
+    min_size=1, max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pods=pods_st)
+def test_pod_list_round_trip(tmp_path: Path, pods):
+    rows = []
+    for i, (cpu, k, milli, spec) in enumerate(pods):
+        m = 0 if k == 0 else (MILLI if k > 1 else milli)
+        rows.append(pod_row(i, cpu, k, m, spec))
+    _, p = write_trace(tmp_path, ["n0,1000,1000,1,T4"], rows)
+    loaded = load_pods(p)
+    assert len(loaded) == len(pods)
+    for tp, (cpu, k, milli, spec) in zip(loaded, pods, strict=True):
+        assert tp.pod.num_gpu == k and tp.pod.cpu_milli == cpu
+        assert tp.pod.gpu_milli == (0 if k == 0 else (MILLI if k > 1 else milli))
+        assert tp.pod.gpu_models == tuple(x for x in spec.split("|") if x)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(nodes=st.lists(st.tuples(names, st.integers(0, 10**6), st.integers(0, 8), st.sampled_from(["", "G2"])),
+                      min_size=1, max_size=20, unique_by=lambda t: t[0]))
+def test_node_list_round_trip(tmp_path: Path, nodes):
+    n, _ = write_trace(tmp_path, [f"{a},{c},{c},{g},{m}" for a, c, g, m in nodes], [pod_row(0, 1, 1, 500)])
+    loaded = load_nodes(n)
+    assert [(x.name, x.cpu_milli, x.gpus, x.model or "") for x in loaded] == [(a, c, g, m) for a, c, g, m in nodes]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(row=st.integers(0, 4), field=st.sampled_from([1, 2, 3, 4]),
+       junk=st.sampled_from(["x", "-5", "1.5", "", "99999999999999", "１"]))
+def test_a_malformed_pod_field_names_file_line_and_column(tmp_path: Path, row, field, junk):
+    rows = [pod_row(i, 4000, 1, 500) for i in range(5)]
+    parts = rows[row].split(",")
+    parts[field] = junk
+    rows[row] = ",".join(parts)
+    _, p = write_trace(tmp_path, ["n0,1000,1000,1,T4"], rows)
+    col = sum(len(x) + 1 for x in parts[:field]) + 1
+    try:
+        load_pods(p)
+    except InputError as e:
+        assert e.source == str(p)
+        assert e.where.startswith(f"line {row + 2}, column {col}")
+    else:  # a few junk values are valid integers in some fields (e.g. "" is never, "-5" never)
+        pytest.fail(f"accepted {junk!r} in field {field}")
+
+
+def test_structural_errors(tmp_path: Path):
+    n = tmp_path / "n.csv"
+    n.write_text("sn,cpu_milli,gpu\nx,1,1\n")
+    with pytest.raises(InputError, match="missing column"):
+        load_nodes(n)
+    n.write_text(NODE_HEADER + "\nx,1,1,1,T4\nx,1,1,1,T4\n")
+    with pytest.raises(InputError, match=r"line 3, column 1.*duplicate"):
+        load_nodes(n)
+    n.write_text(NODE_HEADER + "\nx,1,1,1\n")
+    with pytest.raises(InputError, match=r"line 2.*expected 5 fields"):
+        load_nodes(n)
+    with pytest.raises(InputError, match="file not found"):
+        load_nodes(tmp_path / "absent.csv")
+    p = tmp_path / "p.csv"
+    p.write_text(POD_HEADER + "\n" + pod_row(0, 1, 2, 500) + "\n")
+    with pytest.raises(InputError, match="only valid with one GPU"):
+        load_pods(p)
+    p.write_text(POD_HEADER + "\n" + "p0,1,1,1,500,,LS,Running,10,5,1\n")
+    with pytest.raises(InputError, match="deletion"):
+        load_pods(p)
+
+
+@pytest.mark.trace
+def test_the_alibaba_trace_loads(alibaba_trace: Path):
+    t = load_trace(alibaba_trace / "openb_node_list_gpu_node.csv", alibaba_trace / "openb_pod_list_default.csv")
+    assert len(t.nodes) == 1213 and sum(n.gpus for n in t.nodes) == 6212
+    assert len(t.pods) == 8152
+    assert sum(p.pod.gpu_total for p in t.pods) == pytest.approx(6_086_800, abs=1)
