@@ -1,0 +1,112 @@
+"""Parsing Slurm's output without a cluster: both JSON dialects (22.05 captured from the lab, 24.11 written
+in data_parser v0.0.41's shape for the same cluster), host lists, GPU index lists, `scontrol -o` records, and
+the mapping of pending reasons onto diagnosis causes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpudefrag.core.diagnose import CauseCode
+from gpudefrag.core.model import ClusterState
+from gpudefrag.engines.base import JobPhase
+from gpudefrag.engines.slurm.hostlist import expand, expand_indices
+from gpudefrag.engines.slurm.parse import (
+    job_info_from_scontrol,
+    parse_gres_gpus,
+    parse_jobs,
+    parse_nodes,
+    parse_scontrol_record,
+    slurm_version,
+)
+from gpudefrag.engines.slurm.reasons import ReasonClass, classify, map_reason, waits_for_resources
+
+DATA = Path(__file__).parent / "data"
+
+
+def load(kind: str, version: str) -> dict:  # type: ignore[type-arg]
+    return json.loads((DATA / f"{kind}-{version}.json").read_text())
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11"])
+def test_both_dialects_give_the_same_cluster(version: str) -> None:
+    nodes = parse_nodes(load("sinfo", version))
+    wls, infos = parse_jobs(load("squeue", version), nodes)
+    state = ClusterState.build(nodes, wls)
+    assert slurm_version(load("squeue", version)).startswith(version)
+    assert [n.name for n in nodes] == ["node1", "node2", "node3", "node4"]
+    assert all(n.gpu_count == 8 and n.schedulable and n.partitions == ("gpu",) for n in nodes)
+    assert nodes[0].cpu_milli == 64_000
+    assert [w.id for w in state.running] == ["2", "3", "4"]  # job 1 completed: dropped
+    a = state.workload("2")
+    assert a.placements[0].node == "node1" and a.placements[0].gpus == (0, 1, 2)
+    assert a.labels == {"slurm.comment": "hello"} and a.name == "a" and a.request.partition == "gpu"
+    assert state.free_gpus_on("node1") == [3, 4, 5, 6, 7] and state.free_gpus_on("node2") == []
+    held = state.workload("5")
+    assert not held.is_running and held.request.gpus_per_node == 2 and held.scheduler_reason == "JobHeldUser"
+    by_id = {i.job_id: i for i in infos}
+    assert by_id["1"].phase is JobPhase.ENDED and by_id["5"].phase is JobPhase.HELD
+    assert by_id["2"].phase is JobPhase.RUNNING and by_id["2"].required_nodes == ("node1",)
+
+
+def test_dialects_agree_field_by_field() -> None:
+    old = parse_jobs(load("squeue", "22.05"), parse_nodes(load("sinfo", "22.05")))[0]
+    new = parse_jobs(load("squeue", "24.11"), parse_nodes(load("sinfo", "24.11")))[0]
+    assert old == new
+
+
+def test_gres_strings() -> None:
+    assert parse_gres_gpus("gpu:8") == (8, None, None)
+    assert parse_gres_gpus("gpu:a100:4(S:0-1)") == (4, "a100", None)
+    assert parse_gres_gpus("gpu:3(IDX:0-2)") == (3, None, [0, 1, 2])
+    assert parse_gres_gpus("tmpsize:7T,gpu:l40s:2(IDX:0,5)") == (2, "l40s", [0, 5])
+    assert parse_gres_gpus("") == (0, None, None)
+
+
+def test_hostlists() -> None:
+    assert expand("node[1-3,7]") == ["node1", "node2", "node3", "node7"]
+    assert expand("gpu[01-03],cpu5") == ["gpu01", "gpu02", "gpu03", "cpu5"]
+    assert expand("") == [] and expand("(null)") == []
+    assert expand_indices("0-2,5") == [0, 1, 2, 5]
+
+
+@given(st.lists(st.integers(0, 999), min_size=1, max_size=30, unique=True))
+def test_hostlist_roundtrip(nums: list[int]) -> None:
+    spec = "n[" + ",".join(str(n) for n in nums) + "]"
+    assert expand(spec) == [f"n{n}" for n in nums]
+
+
+def test_scontrol_record() -> None:
+    line = ("JobId=6 JobName=job.sh UserId=root(0) Priority=0 JobState=PENDING Reason=job_requeued_in_held_state "
+            "Restarts=1 ReqNodeList=node[2-3] ExcNodeList=(null) NodeList=(null) AllocNode:Sid=localhost:3247 "
+            "Comment=hello world TresPerNode=gres:gpu:3")
+    rec = parse_scontrol_record(line)
+    assert rec["AllocNode:Sid"] == "localhost:3247" and rec["Comment"] == "hello world"
+    info = job_info_from_scontrol(rec)
+    assert info.phase is JobPhase.HELD and info.restarts == 1 and info.required_nodes == ("node2", "node3")
+    assert info.excluded_nodes == () and info.nodes == ()
+    running = job_info_from_scontrol(parse_scontrol_record(
+        "JobId=7 Priority=42 JobState=RUNNING Reason=None Restarts=0 NodeList=node4 ReqNodeList=(null)"))
+    assert running.phase is JobPhase.RUNNING and running.nodes == ("node4",)
+
+
+@pytest.mark.parametrize(("reason", "cls", "cause"), [
+    ("Resources", ReasonClass.CAPACITY, None),
+    ("Priority", ReasonClass.CAPACITY, None),
+    ("JobHeldUser", ReasonClass.INELIGIBLE, None),
+    ("Dependency", ReasonClass.INELIGIBLE, None),
+    ("BeginTime", ReasonClass.INELIGIBLE, None),
+    ("ReqNodeNotAvail, UnavailableNodes:node4", ReasonClass.ORDINARY, CauseCode.NODES_UNSCHEDULABLE),
+    ("PartitionNodeLimit", ReasonClass.ORDINARY, CauseCode.REQUEST_TOO_LARGE),
+    ("QOSMaxGRESPerUser", ReasonClass.ORDINARY, CauseCode.QUOTA_EXCEEDED),
+    ("AssocGrpGRES", ReasonClass.ORDINARY, CauseCode.QUOTA_EXCEEDED),
+    ("PowerUp", ReasonClass.ORDINARY, CauseCode.AUTOSCALER_AT_MAX),
+])
+def test_pending_reasons_map_onto_causes(reason: str, cls: ReasonClass, cause: CauseCode | None) -> None:
+    assert classify(reason) == (cls, cause)
+    assert map_reason(reason) == cause
+    assert waits_for_resources(reason) == (cls is ReasonClass.CAPACITY)
