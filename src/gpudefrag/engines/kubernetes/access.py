@@ -34,14 +34,30 @@ def _tname(v: object) -> str:
 
 
 class At:
-    """A value inside a document together with where it came from (file and JSON path)."""
+    """A value inside a document together with where it came from (file and JSON path).
 
-    __slots__ = ("path", "source", "value")
+    The path is kept as a chain of (parent, key) and spelled out only for an error message."""
 
-    def __init__(self, value: Any, source: str, path: str) -> None:
+    __slots__ = ("key", "parent", "source", "value")
+
+    def __init__(self, value: Any, source: str, path: str | At | None = None, key: str | int | None = None) -> None:
         self.value = value
         self.source = source
-        self.path = path
+        self.parent = path
+        self.key = key
+
+    @property
+    def path(self) -> str:
+        keys: list[str | int] = []
+        node: At | str | None = self
+        while isinstance(node, At):
+            if node.key is not None:
+                keys.append(node.key)
+            node = node.parent
+        out = node or ""
+        for k in reversed(keys):
+            out = join(out, k)
+        return out
 
     def error(self, message: str, key: str | int | None = None) -> InputError:
         return InputError(self.source, join(self.path, key) if key is not None else self.path or "(document)",
@@ -50,33 +66,37 @@ class At:
     # ------------------------------------------------------------------ containers
     def obj(self, key: str, *, required: bool = False) -> At:
         """A nested object (absent/null gives an empty one unless required)."""
-        v = self._get(key, required)
+        d = self.value
+        v = d.get(key) if type(d) is dict else self._get(key, required)
+        if v is None and required:
+            raise self.error("required field is missing", key)
         if v is None:
             v = {}
-        elif not isinstance(v, dict):
+        elif type(v) is not dict:
             raise self.error(f"expected an object, got {_tname(v)}", key)
-        return At(v, self.source, join(self.path, key))
+        return At(v, self.source, self, key)
 
     def items(self, key: str, *, required: bool = False) -> list[At]:
         """The elements of a list (absent/null gives none unless required)."""
         v = self._get(key, required)
         if v is None:
             return []
-        if not isinstance(v, list):
+        if type(v) is not list:
             raise self.error(f"expected a list, got {_tname(v)}", key)
-        base = join(self.path, key)
-        return [At(x, self.source, f"{base}[{i}]") for i, x in enumerate(v)]
+        base = At(v, self.source, self, key)
+        src = self.source
+        return [At(x, src, base, i) for i, x in enumerate(v)]
 
     def objects(self, key: str, *, required: bool = False) -> list[At]:
         """Like `items`, each element checked to be an object."""
         out = self.items(key, required=required)
         for a in out:
-            if not isinstance(a.value, dict):
+            if type(a.value) is not dict:
                 raise InputError(a.source, a.path, f"expected an object, got {_tname(a.value)}")
         return out
 
     def _get(self, key: str, required: bool) -> Any:
-        if not isinstance(self.value, dict):
+        if type(self.value) is not dict:
             raise InputError(self.source, self.path or "(document)", f"expected an object, got {_tname(self.value)}")
         v = self.value.get(key)
         if v is None and required:
@@ -85,10 +105,15 @@ class At:
 
     # ------------------------------------------------------------------ scalars
     def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
-        v = self._get(key, required)
+        d = self.value
+        if type(d) is not dict:
+            return self._get(key, required)  # raises: not an object
+        v = d.get(key)
         if v is None:
+            if required:
+                raise self.error("required field is missing", key)
             return default
-        if not isinstance(v, str):
+        if type(v) is not str:
             raise self.error(f"expected a string, got {_tname(v)}", key)
         return v
 
@@ -119,7 +144,7 @@ class At:
         """A map of strings to strings (labels, annotations, nodeSelector)."""
         m = self.obj(key).value
         for k, v in m.items():
-            if not isinstance(v, str):
+            if type(v) is not str:
                 raise InputError(self.source, join(join(self.path, key), k), f"expected a string, got {_tname(v)}")
         return m
 

@@ -408,8 +408,11 @@ def self_pod(
         if claim:
             gpus += dra.claim_gpus.get((ns, claim), 0)
     mig = sorted(k[len(MIG_PREFIX):] for k, v in res.items() if k.startswith(MIG_PREFIX) and v > 0)
-    sel = node_selection(spec)
     cpu, mem = res.get("cpu"), res.get("memory")
+    node_name = spec.text("nodeName")
+    if node_name and not gpus and not mig:
+        return _cpu_pod(b, at, meta, spec, name, ns, phase, node_name, nodes, cpu, mem, created)
+    sel = node_selection(spec)
     request = Request(
         gpus_per_node=gpus,
         gpu_milli=MILLI,
@@ -420,7 +423,6 @@ def self_pod(
         tolerations=_tolerations(spec),
         mig_profile=mig[0] if mig else None,
     )
-    node_name = spec.text("nodeName")
     wid = f"{ns}/{name}"
     ann = meta.str_map("annotations")
     labels = meta.str_map("labels")
@@ -442,7 +444,8 @@ def self_pod(
                             cuda=node.cuda_version, cpu_arch=node.cpu_arch, engine=versions.engine,
                             model=versions.model, checkpointer=versions.checkpointer)
     reason, source = "", ""
-    for c in status.objects("conditions"):
+    conditions = status.objects("conditions")
+    for c in conditions:
         if c.text("type") == "PodScheduled" and c.text("status") == "False":
             reason, source = c.text("message") or c.text("reason") or "", "PodScheduled"
     if not node_name and not reason:
@@ -450,7 +453,7 @@ def self_pod(
         if ev:
             reason, source = ev.message, "FailedScheduling event"
     auto = latest.get((wid, "Pod", "NotTriggerScaleUp"))
-    ready = any(c.text("type") == "Ready" and c.text("status") == "True" for c in status.objects("conditions"))
+    ready = any(c.text("type") == "Ready" and c.text("status") == "True" for c in conditions)
     containers = tuple(c.req_str("name") for c in spec.objects("containers"))
     w = Workload(
         id=wid,
@@ -472,6 +475,33 @@ def self_pod(
     info = PodInfo(wid, ns, name, meta.text("uid", "") or "", node_name, phase, ready, _owner(meta),
                    spec.text("priorityClassName", "") or "", containers, MappingProxyType(at.value), source,
                    auto.message if auto and not node_name else "")
+    return w, info
+
+
+def _cpu_pod(
+    b: _Builder, at: At, meta: At, spec: At, name: str, ns: str, phase: str, node_name: str,
+    nodes: Mapping[str, Node], cpu: Decimal | None, mem: Decimal | None, created: float,
+) -> tuple[Workload | None, PodInfo | None]:
+    """A running pod without GPUs (DaemonSets, system pods): only the CPU and memory it holds matter to us,
+    so only those are read — most pods of a GPU cluster are of this kind."""
+    wid = f"{ns}/{name}"
+    if node_name not in nodes:
+        b.warn_or_fail(spec, "nodeName", f"pod {wid} is bound to node {node_name!r}, which the dump does not hold")
+        return None, None
+    w = Workload(
+        id=wid,
+        request=Request(gpus_per_node=0, cpu_milli=int(cpu * 1000) if cpu is not None else 0,
+                        memory_mib=int(mem / (1 << 20)) if mem is not None else 0),
+        name=name,
+        namespace=ns,
+        priority=spec.integer("priority", 0) or 0,
+        labels=meta.str_map("labels"),
+        placements=(Placement(node_name, ()),),
+        submitted_at=None if created == float("inf") else created,
+    )
+    containers = tuple(c.req_str("name") for c in spec.objects("containers"))
+    info = PodInfo(wid, ns, name, meta.text("uid", "") or "", node_name, phase, phase == "Running", _owner(meta),
+                   spec.text("priorityClassName", "") or "", containers, MappingProxyType(at.value))
     return w, info
 
 

@@ -3,6 +3,7 @@ own messages beside it as evidence, and whether the two agree."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -57,7 +58,7 @@ class KubeDiagnosis:
 def diagnose_kube(cluster: KubeCluster, ids: Iterable[str] | None = None) -> list[KubeDiagnosis]:
     """Diagnose every pending GPU pod (or those named), oldest first."""
     out = []
-    for d in diagnose_all(cluster.state, ids):
+    for d in _diagnose_shapes(cluster, ids):
         info = cluster.pods.get(d.workload_id or "")
         total, reasons = parse_message(d.scheduler_reason)
         auto: list[Reason] = []
@@ -72,4 +73,23 @@ def diagnose_kube(cluster: KubeCluster, ids: Iterable[str] | None = None) -> lis
             f"{info.owner.kind}/{info.owner.name}" if info and info.owner else None,
             info.priority_class if info else "",
         ))
+    return out
+
+
+def _diagnose_shapes(cluster: KubeCluster, ids: Iterable[str] | None) -> list[Diagnosis]:
+    """`diagnose_all`, computed once per (namespace, request shape): the pods of one Job or Deployment wait for
+    the same reasons, and a large cluster may have hundreds of them pending."""
+    state = cluster.state
+    wanted = set(ids) if ids is not None else None
+    pending = [w for w in state.pending if (wanted is None or w.id in wanted)
+               and (w.request.gpus_per_node > 0 or w.request.mig_profile is not None)]
+    first: dict[tuple[str, str], str] = {}
+    for w in pending:
+        first.setdefault((w.namespace, repr(w.request)), w.id)
+    by_id = {d.workload_id: d for d in diagnose_all(state, list(first.values()))}
+    out = []
+    for w in pending:
+        d = by_id[first[(w.namespace, repr(w.request))]]
+        out.append(d if d.workload_id == w.id else
+                   dataclasses.replace(d, workload_id=w.id, scheduler_reason=w.scheduler_reason))
     return out

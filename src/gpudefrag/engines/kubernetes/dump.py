@@ -111,7 +111,7 @@ def load_objects(path: str | os.PathLike[str]) -> KubeObjects:
     else:
         add_document(objs, read_document(p), str(path))
     if not objs.nodes:
-        raise InputError(str(path), "", "holds no Node objects; dump with `kubectl get nodes,pods,resourcequotas,"
+        raise InputError(str(path), "items", "holds no Node objects; dump with `kubectl get nodes,pods,resourcequotas,"
                          "poddisruptionbudgets,events -A -o json`")
     return objs
 

@@ -46,7 +46,7 @@ def load_cluster_state(path: str | os.PathLike[str] | None, *, kube: bool = Fals
         objs = _Objs(source=str(path))
         add_document(objs, doc, str(path))
         if not objs.nodes:
-            raise InputError(str(path), "", "holds no Node objects; dump with `kubectl get nodes,pods,"
+            raise InputError(str(path), "items", "holds no Node objects; dump with `kubectl get nodes,pods,"
                              "resourcequotas,poddisruptionbudgets,events -A -o json`")
         return to_cluster(objs, strict=True).state
     return load_snapshot_dict(doc, str(path))
