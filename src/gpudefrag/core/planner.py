@@ -214,8 +214,9 @@ def _plan_parts(state: ClusterState, requests: list[Request], opts: PlanOptions)
     ):
         return [exact_plan]
     if heur.work is None:
-        if exact_plan is not None and exact_plan.reason:
-            return [exact_plan]
+        if exact_plan is not None and not exact_plan.feasible:  # proven: keep the heuristic's specific reason
+            return [_infeasible(request, f"{heur.reason} (no plan within the move budgets exists: proven by the "
+                                "exact solver)", "exact", heur.notes)]
         return [_infeasible(request, heur.reason, "heuristic", heur.notes)]
     return [plan_from_work(p, heur.work, request, "heuristic", False, heur.notes)]
 

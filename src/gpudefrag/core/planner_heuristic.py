@@ -93,7 +93,11 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.
     np.minimum.at(min_item, src, score)
     capacity = np.zeros(n, dtype=np.int64)
     np.add.at(capacity, src, np.where(p.milli[single] >= MILLI, gpus, 0))
-    cap_ok = have + capacity + (work.free > 0).sum(axis=1) >= part.gpus  # shared GPUs may be freed too
+    shared = np.zeros(work.free.shape, dtype=bool)  # GPUs a shared-GPU workload could vacate
+    frac = (p.milli[single] < MILLI) & (p.gpu0[single] >= 0)
+    shared[src[frac], p.gpu0[single][frac]] = True
+    partly = (work.free > 0) & (work.free < MILLI)
+    cap_ok = have + capacity + (shared | partly).sum(axis=1) >= part.gpus
     lb = np.maximum(min_item, need * np.where(np.isfinite(min_ratio), min_ratio, 0.0))
     return np.where(allowed & cap_ok, lb, np.inf)
 
@@ -136,9 +140,18 @@ def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> bool:
     mask[int(p.src[wi])] = False
     if not mask.any():
         return False
-    have = (work.free >= milli).sum(axis=1)
-    order = np.flatnonzero(mask)
-    order = order[np.argsort(-have[order], kind="stable")][:CHAIN_NODES]
+    # rank nodes by the cheapest single workload on them big enough to make the room that is missing
+    need = gpus - (work.free >= milli).sum(axis=1)
+    single = ~p.multi
+    if work.moved:
+        single = single.copy()
+        single[list(work.moved)] = False
+    src = p.src[single]
+    big_enough = p.gpus[single] >= np.maximum(need[src], 1)
+    cheapest = np.full(len(mask), np.inf)
+    np.minimum.at(cheapest, src[big_enough], p.score[single][big_enough])
+    order = np.flatnonzero(mask & np.isfinite(cheapest))
+    order = order[np.argsort(cheapest[order], kind="stable")][:CHAIN_NODES]
     best: tuple[float, int, int] | None = None
     for c in order:
         c = int(c)
@@ -196,9 +209,12 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
     max_size = min(work.moves_left(), p.opts.max_moves_per_node - int(work.touched[i]), len(items))
     attempts = 0
     reason = "no set of its movable workloads makes room"
+    best: Work | None = None
     for k, sub in enumerate(cheapest_subsets(costs, max_size)):
         if k >= SUBSET_LIMIT or attempts >= PLACE_ATTEMPTS:
             break
+        if best is not None and sum(costs[j] for j in sub) >= best.score - work.score - 1e-9:
+            break  # the sets only get dearer: a chain in the best so far cannot be beaten any more
         chosen = [items[j] for j in sub]
         row = work.free[i].copy()
         cpu, mem = work.cpu[i], work.mem[i]
@@ -226,8 +242,10 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
                 if trial.moves_left() < 1:
                     reason = f"more than {p.opts.max_moves} moves needed"
                 break
-        if ok:
-            return trial, ""
+        if ok and (best is None or trial.score < best.score - 1e-9):
+            best = trial
+    if best is not None:
+        return best, ""
     if not items:
         reason = "nothing on it may move" + (f" ({'; '.join(blocked[:3])})" if blocked else "")
     elif max_size <= 0:
@@ -267,7 +285,11 @@ def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) 
         bar = np.inf if best is None else best.score - work.score
         if lb[i] >= bar:
             break
-        if room_bound(p, work, part, i) >= bar:
+        rb = room_bound(p, work, part, i)
+        if rb >= bar:
+            if not np.isfinite(rb):
+                reasons.append(f"{p.name(i)}: no set of at most "
+                               f"{min(work.moves_left(), p.opts.max_moves_per_node)} of its workloads makes room")
             continue  # even its cheapest way to make room costs more than the best plan so far
         trial, why = clear_node(p, work, part, i, forbid)
         if trial is None:

@@ -80,6 +80,9 @@ class Problem:
             (idx[w.placements[0].node] if len(w.placements) == 1 else -1 for w in ws), dtype=np.int64, count=n
         )
         self.gpus = np.fromiter((w.request.gpus_per_node for w in ws), dtype=np.int64, count=n)
+        self.gpu0 = np.fromiter(  # the first GPU a workload holds on its (first) node; -1 for none
+            (w.placements[0].gpus[0] if w.placements and w.placements[0].gpus else -1 for w in ws),
+            dtype=np.int64, count=n)
         self.milli = np.fromiter((w.request.gpu_milli for w in ws), dtype=np.int64, count=n)
         self.cpu = np.fromiter((w.request.cpu_milli for w in ws), dtype=np.int64, count=n)
         self.mem = np.fromiter((w.request.memory_mib for w in ws), dtype=np.int64, count=n)

@@ -30,7 +30,7 @@ class PlanOptions:
     time_limit_s: float = 2.0
     fresh_checkpoint: bool = True
     candidate_limit: int = 64
-    exact_max_vars: int = 60_000
+    exact_max_vars: int = 150_000
     workers: int = 2  # CP-SAT search workers
 
     def __post_init__(self) -> None:
