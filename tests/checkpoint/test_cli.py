@@ -136,6 +136,7 @@ def test_insecure_key_is_one_error_line(store: CheckpointStore, run_cli, tmp_pat
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.criu
 def test_checkpoint_of_a_missing_pid_fails_cleanly(criu, store: CheckpointStore, run_cli) -> None:
     r = run_cli("checkpoint", "--pid", "999999999", "--json", *_args(store))
     assert r.returncode == 2 and json.loads(r.stdout)["reason"] == "checkpoint-failed"
