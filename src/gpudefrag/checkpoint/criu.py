@@ -87,6 +87,7 @@ class CriuBackend:
     criu_bin: str = field(default_factory=find_criu)
     log_dir: Path | None = None  # CRIU logs go here, never into the (signed) image folder
     log_level: int = 4
+    keep_logs: bool = False  # logs of failed calls are always kept (their path is in the error)
     name: str = "criu"
 
     def __post_init__(self) -> None:
@@ -181,7 +182,10 @@ class CriuBackend:
         st = _stats(r.stdout + r.stderr)
         frozen = st.get("Frozen time")
         extra["stats"] = st
-        extra["log"] = str(log)
+        if self.keep_logs:
+            extra["log"] = str(log)
+        else:
+            log.unlink(missing_ok=True)
         return CheckpointResult(
             backend=self.name, directory=str(dest), mode=mode, leave_running=leave_running, duration_s=dur,
             frozen_s=frozen / 1e6 if frozen is not None else None, bytes_written=du_bytes(dest), pid=pid,
@@ -199,7 +203,10 @@ class CriuBackend:
                 args += ["--prev-images-dir", f"../{prev}"]
             r = self._run(args)
             if r.returncode != 0:
-                raise CheckpointError(CHECKPOINT_FAILED, f"criu pre-dump round {i} failed: {_error_lines(log)}")
+                raise CheckpointError(CHECKPOINT_FAILED, f"criu pre-dump round {i} failed: {_error_lines(log)} "
+                                      f"(log: {log})")
+            if not self.keep_logs:
+                log.unlink(missing_ok=True)
             notes.append(f"pre-dump round {i}: {_stats(r.stdout + r.stderr).get('Memory pages written', '?')} "
                          "pages written while the job ran")
             prev = d.name
@@ -280,9 +287,11 @@ class CriuBackend:
             _, status = os.waitpid(pid, 0)
             exit_code = os.waitstatus_to_exitcode(status)
         mode = "lazy-restore" if lazy else "restore"
+        if not self.keep_logs:
+            shutil.rmtree(work, ignore_errors=True)
         return RestoreResult(backend=self.name, directory=str(ckpt_dir), pid=pid, duration_s=running_s,
                              mode=mode, exit_code=exit_code, pages_complete_s=pages_s,
-                             notes=(f"log: {log}",))
+                             notes=(f"log: {log}",) if self.keep_logs else ())
 
     def _after_restore(self, pid: int, info: dict[str, Any]) -> None:
         """Hook for subclasses (the CUDA backend brings GPU state back here), before a foreground wait."""
@@ -315,6 +324,8 @@ class PageServer:
         assert self.proc is not None
         rc = self.proc.wait(timeout=timeout)
         self.proc = None
+        if rc == 0:
+            self.log.unlink(missing_ok=True)
         return rc
 
     def __exit__(self, *exc: object) -> None:
