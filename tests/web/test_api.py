@@ -179,7 +179,8 @@ def test_mutations_without_the_token_answer_401_and_change_nothing(client: TestC
 
 
 def test_actions_are_off_unless_enabled(readonly_client: TestClient) -> None:
-    assert readonly_client.get("/api/config").json()["actions_enabled"] is False
+    cfg = readonly_client.get("/api/config").json()
+    assert cfg["actions_enabled"] is cfg["can_apply"] is cfg["can_checkpoint"] is False
     r = readonly_client.post("/api/pending/pretrain-8gpu/apply", headers=AUTH)
     assert r.status_code == 403
     assert readonly_client.get("/api/summary").json()["whole_free_nodes"] == 0
@@ -189,7 +190,7 @@ def test_checkpoint_action_refreshes_the_checkpoint(client: TestClient, demo_doc
     now = demo_doc["now"]
     r = client.post("/api/workloads/train-gpt-small/checkpoint", headers=AUTH)
     assert r.status_code == 200, r.text
-    assert r.json()["last_checkpoint_at"] == now
+    assert r.json()["last_checkpoint_at"] == now and r.json()["mode"] == "recorded"
     assert client.get("/api/workloads/train-gpt-small").json()["last_checkpoint_at"] == now
     assert client.post("/api/workloads/pretrain-8gpu/checkpoint", headers=AUTH).status_code == 409
     assert client.post("/api/workloads/nope/checkpoint", headers=AUTH).status_code == 404
@@ -256,10 +257,12 @@ def test_a_live_engine_is_observed_and_read_only() -> None:
     from gpudefrag.web.source import EngineSource
 
     now = [0.0]
-    src = EngineSource(SimEngine(demo_state()), "sim-engine", ttl_s=5.0, clock=lambda: now[0])
+    engine = SimEngine(demo_state())
+    src = EngineSource(engine, "sim-engine", ttl_s=5.0, clock=lambda: now[0])
     c = TestClient(create_app(src, token=TOKEN))
     cfg = c.get("/api/config").json()
-    assert cfg["engine"] == "sim-engine" and not cfg["mutable"] and not cfg["actions_enabled"]
+    assert cfg["engine"] == "sim-engine" and not cfg["mutable"]
+    assert cfg["can_checkpoint"] and not cfg["can_apply"]
     assert c.get("/api/summary").json()["free_gpus"] == 12
     assert len(c.get("/api/timeseries").json()) == 1  # observed once within the TTL
     now[0] = 6.0
@@ -267,3 +270,10 @@ def test_a_live_engine_is_observed_and_read_only() -> None:
     r = c.post("/api/pending/pretrain-8gpu/apply", headers=AUTH)
     assert r.status_code == 409 and "read-only" in r.json()["detail"]
     assert c.get("/api/summary").json()["whole_free_nodes"] == 0
+    # a checkpoint on a live engine is a USR2 to the job's wrapper (gpudefrag run checkpoints on it)
+    assert c.post("/api/workloads/train-resnet/checkpoint").status_code == 401
+    assert engine.calls == []
+    r = c.post("/api/workloads/train-resnet/checkpoint", headers=AUTH)
+    assert r.status_code == 200 and r.json()["mode"] == "signalled"
+    assert engine.calls == [("signal:USR2", "train-resnet")]
+    assert c.post("/api/workloads/pretrain-8gpu/checkpoint", headers=AUTH).status_code == 409

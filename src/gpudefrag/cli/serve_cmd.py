@@ -35,7 +35,8 @@ def serve(
     enable_actions: bool = typer.Option(False, "--enable-actions",
                                         help="Allow apply-plan and checkpoint (needs --token-file)"),
     token_file: Path = typer.Option(None, "--token-file", help="File holding the bearer token for actions"),
-    journal: Path = typer.Option(None, "--journal", help="Migration journal (SQLite) to show the history of"),
+    journal: Path = typer.Option(None, "--journal", help="Migration journal (SQLite) to show the history of "
+                                 "(default for live engines: the controller's, if present)"),
     check: bool = typer.Option(False, "--check", help="Validate the options and the cluster, print, and exit"),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -54,6 +55,8 @@ def serve(
         raise fail("--snapshot is only used with --engine sim")
     token = _token(token_file) if enable_actions else None
     source = _source(engine, snapshot)
+    if journal is None and engine is not EngineName.SIM:
+        journal = _default_journal()
     _run(source, host, port, allow_remote=allow_remote, token=token, journal=journal, check=check,
          json_out=json_out)
 
@@ -63,6 +66,14 @@ def serve_state(state: ClusterState, *, port: int = DEFAULT_PORT) -> None:
     from ..web.source import MemorySource
 
     _run(MemorySource(state, "sim"), "127.0.0.1", port, allow_remote=False, token=None, journal=None)
+
+
+def _default_journal() -> Path | None:
+    """The controller's journal where `gpudefrag controller` keeps it by default, if it is there."""
+    from .controller_cmd import DEFAULT_STATE_DIR
+
+    path = DEFAULT_STATE_DIR / "journal.db"
+    return path if path.is_file() else None
 
 
 def _token(path: Path) -> str:

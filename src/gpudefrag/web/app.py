@@ -72,6 +72,7 @@ def create_app(
         return read_journal(journal, limit)[0]
 
     registry = metrics_mod.metrics_registry(source, journal_rows)
+    can_signal = callable(getattr(getattr(source, "engine", None), "signal", None))
 
     def pending_workload(state: ClusterState, workload_id: str) -> Workload:
         if workload_id not in state.workload_index:
@@ -108,7 +109,9 @@ def create_app(
         return {
             "engine": source.engine_name,
             "mutable": source.mutable,
-            "actions_enabled": guard.enabled and source.mutable,
+            "actions_enabled": guard.enabled,
+            "can_apply": guard.enabled and source.mutable,
+            "can_checkpoint": guard.enabled and (source.mutable or can_signal),
             "planner_available": planning.planner_available(),
             "version": source.version,
             "journal": str(journal) if journal else None,
@@ -217,25 +220,31 @@ def create_app(
     @app.post("/api/workloads/{workload_id}/checkpoint", response_model=schemas.CheckpointResult,
               tags=["actions"], dependencies=[Depends(guard)],
               responses=_errors(e401="no valid bearer token", e403="actions are off", e404=NOT_FOUND,
-                                e409="not running, or a read-only engine"))
+                                e409="not running, or an engine that cannot signal jobs",
+                                e502="the scheduler refused the signal"))
     def checkpoint(workload_id: WorkloadId) -> dict[str, Any]:
-        """Trigger a checkpoint. On the in-memory cluster this records a fresh checkpoint at the cluster's clock,
-        so moving the workload loses no work."""
-        if not isinstance(source, MemorySource):
-            raise HTTPException(409, f"the {source.engine_name} engine is read-only here: use "
-                                     "gpudefrag checkpoint")
-        with source.lock:
-            state = source.state()
-            if workload_id not in state.workload_index:
-                raise HTTPException(404, f"no workload {workload_id!r}")
-            w = state.workload(workload_id)
-            if not w.is_running:
-                raise HTTPException(409, f"workload {workload_id!r} is not running")
-            fresh = dataclasses.replace(w, last_checkpoint_at=state.now)
-            new = state.with_workloads([fresh if x.id == w.id else x for x in state.workloads])
-            source.checkpoints[w.id] = source.clock()
-            ver = source.replace(new)
-            return {"workload_id": w.id, "last_checkpoint_at": state.now, "version": ver}
+        """Trigger a checkpoint. On the in-memory cluster this records a fresh checkpoint at the cluster's clock
+        (so moving the workload loses no work); on a live engine it sends USR2 to the job's wrapper
+        (`gpudefrag run`), which checkpoints at once."""
+        if isinstance(source, MemorySource):
+            with source.lock:
+                state = source.state()
+                w = _running(state, workload_id)
+                fresh = dataclasses.replace(w, last_checkpoint_at=state.now)
+                new = state.with_workloads([fresh if x.id == w.id else x for x in state.workloads])
+                source.checkpoints[w.id] = source.clock()
+                ver = source.replace(new)
+                return {"workload_id": w.id, "mode": "recorded", "last_checkpoint_at": state.now, "version": ver}
+        if not can_signal:
+            raise HTTPException(409, f"the {source.engine_name} engine cannot signal jobs")
+        w = _running(source.state(), workload_id)
+        try:
+            source.engine.signal(w.id, "USR2", batch=True)  # type: ignore[attr-defined]
+        except Exception as e:  # the scheduler refused: say what it said
+            raise HTTPException(502, f"could not signal {w.id}: {e}") from None
+        source.checkpoints[w.id] = source.clock()
+        return {"workload_id": w.id, "mode": "signalled", "last_checkpoint_at": w.last_checkpoint_at,
+                "version": source.version}
 
     # ------------------------------------------------------------------------------------------------ metrics
     @app.get("/metrics", include_in_schema=False)
@@ -243,6 +252,15 @@ def create_app(
         return Response(metrics_mod.render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+def _running(state: ClusterState, workload_id: str) -> Workload:
+    if workload_id not in state.workload_index:
+        raise HTTPException(404, f"no workload {workload_id!r}")
+    w = state.workload(workload_id)
+    if not w.is_running:
+        raise HTTPException(409, f"workload {workload_id!r} is not running")
+    return w
 
 
 def _history_row(r: dict[str, Any], origin: str) -> dict[str, Any]:

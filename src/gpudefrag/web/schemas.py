@@ -14,7 +14,9 @@ class Error(BaseModel):
 class Config(BaseModel):
     engine: str
     mutable: bool
-    actions_enabled: bool
+    actions_enabled: bool  # a token is configured
+    can_apply: bool  # apply-plan works here (in-memory cluster)
+    can_checkpoint: bool  # trigger-checkpoint works here (in-memory, or an engine that can signal the wrapper)
     planner_available: bool
     version: int
     journal: str | None
@@ -149,7 +151,8 @@ class ApplyResult(BaseModel):
 
 class CheckpointResult(BaseModel):
     workload_id: str
-    last_checkpoint_at: float
+    mode: str  # "recorded": in-memory cluster, checkpoint time set; "signalled": USR2 sent to the job's wrapper
+    last_checkpoint_at: float | None
     version: int
 
 

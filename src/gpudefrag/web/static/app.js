@@ -219,7 +219,7 @@ function selectWorkload(id) {
     el("p", {}, `${w.request} on ${w.nodes.join(", ")} · namespace ${w.namespace} · last checkpoint ${age} · ` +
       `${fmtNum(w.checkpoint_bytes / 2 ** 30)} GiB`),
   );
-  if (ui.config && ui.config.actions_enabled) {
+  if (ui.config && ui.config.can_checkpoint) {
     box.append(el("button", { type: "button", "data-testid": "checkpoint", onclick: () => checkpoint(id) }, "Trigger checkpoint"));
   }
 }
@@ -227,7 +227,8 @@ function selectWorkload(id) {
 async function checkpoint(id) {
   try {
     const r = await post(`/api/workloads/${encodeURIComponent(id)}/checkpoint`);
-    status(`checkpoint recorded for ${id} (version ${r.version})`);
+    status(r.mode === "signalled" ? `checkpoint requested from ${id}'s wrapper (USR2 sent)`
+      : `checkpoint recorded for ${id} (version ${r.version})`);
     await refresh();
   } catch (e) {
     actionError("checkpoint", e);
@@ -310,7 +311,7 @@ async function loadPlan(id) {
     box.append(el("div", { class: "maps" }, miniMap("before", p.before, "plan-before"), miniMap("after", p.after, "plan-after")));
   }
   if (p.message) box.append(el("p", { class: "status error" }, p.message));
-  if (ui.config && ui.config.actions_enabled && plan.feasible && plan.moves.length) {
+  if (ui.config && ui.config.can_apply && plan.feasible && plan.moves.length) {
     box.append(el("button", { type: "button", "data-testid": "apply-plan", onclick: () => applyPlan(id) }, "Apply plan"));
   }
 }
