@@ -151,6 +151,8 @@ class CriuBackend:
             ino = os.stat(f"/proc/{pid}/ns/net").st_ino
             opts += ["--external", f"net[{ino}]:{NET_KEY}"]
             extra["netns_external"] = True
+        else:
+            extra["netns_external"] = False
         extra["pidns_root"] = _ns(pid, "pid") != _ns("self", "pid")
         if tcp_established:
             opts += ["--tcp-established"]
@@ -161,7 +163,10 @@ class CriuBackend:
         if leave_running:
             opts.append("--leave-running")
         mode = "dump"
-        if precopy:
+        if precopy and page_server is not None:
+            notes.append("pre-copy with page-server streaming is not supported: took a plain streamed dump")
+            mode = "dump (pre-copy unavailable)"
+        elif precopy:
             if self.dirty_tracking:
                 parent = self._predump_rounds(pid, dest, precopy_rounds, notes)
                 opts += ["--track-mem", "--prev-images-dir", parent]

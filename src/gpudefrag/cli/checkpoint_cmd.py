@@ -124,11 +124,12 @@ def list_cmd(
     if json_out:
         emit_json(rows)
         return
-    t = Table("id", "workload", "created", "MiB", "backend", "mode", "signed")
+    t = Table("workload", "created", "MiB", "backend", "mode", "signed")
+    t.add_column("id", overflow="fold")
     for r in rows:
-        t.add_row(r["id"], r["workload_id"] or "?", r["created_at"] or "?",
+        t.add_row(r["workload_id"] or "?", (r["created_at"] or "?")[:19],
                   f"{r['bytes'] / 2**20:.1f}" if r["bytes"] is not None else "?", r["backend"] or "?",
-                  r["mode"] or "?", "yes" if r["signed"] else f"[red]no[/] {r['error'] or ''}")
+                  r["mode"] or "?", "yes" if r["signed"] else f"[red]no[/] {r['error'] or ''}", r["id"])
     console.print(t)
 
 
