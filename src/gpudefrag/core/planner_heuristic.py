@@ -20,7 +20,11 @@ from .planner_problem import Part, Problem, Work, fits_rows, pick_gpus
 
 SUBSET_LIMIT = 400  # subsets examined per candidate node
 PLACE_ATTEMPTS = 6  # fitting subsets whose placement elsewhere is tried per candidate node
-CHAIN_NODES = 24  # nodes examined for a chain move per displaced workload
+CHAIN_DEPTH = 2  # a displaced workload's victims may themselves need one more chain
+CHAIN_NODES = 16  # nodes examined for a chain per displaced workload (CHAIN_NODES_INNER one level down)
+CHAIN_NODES_INNER = 4
+CHAIN_VICTIMS = 3  # workloads moved out of the way on one node
+CHAIN_SUBSETS = 32
 
 
 @dataclass
@@ -122,73 +126,82 @@ def _best_fit(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> int | None
     return int(idx[np.lexsort((idx, tie, left))[0]])
 
 
-def _place(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> bool:
-    """Move a released workload to its best-fitting node, or via one chain move. False: it fits nowhere."""
+def _place(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int = CHAIN_DEPTH) -> bool:
+    """Move a released workload to its best-fitting node, or through a chain (move some of another node's
+    workloads away first, themselves placed the same way one level down). False: it fits nowhere."""
     dst = _best_fit(p, work, wi, forbid)
     if dst is not None:
         gp = pick_gpus(work.free[dst], int(p.gpus[wi]), int(p.milli[wi]))
         assert gp is not None
         work.move(wi, dst, gp)
         return True
-    return work.moves_left() >= 2 and _chain(p, work, wi, forbid)
-
-
-def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> bool:
-    """Make room for `wi` on some node C by moving one of C's workloads to a third node."""
-    gpus, milli = int(p.gpus[wi]), int(p.milli[wi])
-    mask = p.targets_mask(wi) & ~forbid & (work.touched + 2 <= p.opts.max_moves_per_node)
-    mask[int(p.src[wi])] = False
-    if not mask.any():
+    if depth <= 0 or work.moves_left() < 2:
         return False
-    # rank nodes by the cheapest single workload on them big enough to make the room that is missing
-    need = gpus - (work.free >= milli).sum(axis=1)
-    single = ~p.multi
-    if work.moved:
-        single = single.copy()
-        single[list(work.moved)] = False
-    src = p.src[single]
-    big_enough = p.gpus[single] >= np.maximum(need[src], 1)
-    cheapest = np.full(len(mask), np.inf)
-    np.minimum.at(cheapest, src[big_enough], p.score[single][big_enough])
-    order = np.flatnonzero(mask & np.isfinite(cheapest))
-    order = order[np.argsort(cheapest[order], kind="stable")][:CHAIN_NODES]
-    best: tuple[float, int, int] | None = None
-    for c in order:
-        c = int(c)
-        for vi in p.on_node(c):
-            vi = int(vi)
-            if vi in work.moved or vi == wi or p.why_not_movable(vi) is not None:
-                continue
-            row = work.free[c].copy()
-            for g in p.ws[vi].placements[0].gpus:
-                row[g] += p.milli[vi]
-            if not fits_rows(row[None, :], work.cpu[c : c + 1] + p.cpu[vi], work.mem[c : c + 1] + p.mem[vi],
-                             gpus, milli, int(p.cpu[wi]), int(p.mem[wi]))[0]:
-                continue
-            cost = float(p.score[vi])
-            if best is not None and cost >= best[0]:
-                continue
-            trial = work.clone()
-            trial.release(vi)
-            f2 = forbid.copy()
-            f2[c] = True
-            if _best_fit(p, trial, vi, f2) is not None:
-                best = (cost, c, vi)
+    best = _chain(p, work, wi, forbid, depth)
     if best is None:
         return False
-    _, c, vi = best
-    work.release(vi)
-    f2 = forbid.copy()
-    f2[c] = True
-    dst = _best_fit(p, work, vi, f2)
-    assert dst is not None
-    gp = pick_gpus(work.free[dst], int(p.gpus[vi]), int(p.milli[vi]))
-    assert gp is not None
-    work.move(vi, dst, gp)
-    gp = pick_gpus(work.free[c], gpus, milli)
-    assert gp is not None
-    work.move(wi, c, gp)
+    work.assign(best)
     return True
+
+
+def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int) -> Work | None:
+    """The cheapest way found to make room for `wi` on some node C by moving up to CHAIN_VICTIMS of C's
+    workloads elsewhere first. Returns the working state with all those moves made, or None."""
+    w = p.ws[wi]
+    gpus, milli = int(p.gpus[wi]), int(p.milli[wi])
+    budget = p.opts.max_moves_per_node
+    mask = p.targets_mask(wi) & ~forbid & (work.touched + 2 <= budget)
+    mask[int(p.src[wi])] = False
+    if not mask.any():
+        return None
+    shape = Part(-1, w.request, gpus, milli, int(p.cpu[wi]), int(p.mem[wi]), mask)
+    lb = lower_bounds(p, work, shape, mask)
+    order = np.flatnonzero(np.isfinite(lb))
+    order = order[np.argsort(lb[order], kind="stable")][: CHAIN_NODES if depth == CHAIN_DEPTH else CHAIN_NODES_INNER]
+    own = float(p.score[wi])
+    best: Work | None = None
+    f2 = forbid.copy()
+    for c in order:
+        c = int(c)
+        if best is not None and work.score + lb[c] + own >= best.score - 1e-9:
+            break
+        items = [int(v) for v in p.on_node(c)
+                 if int(v) not in work.moved and int(v) != wi and p.why_not_movable(int(v)) is None]
+        items.sort(key=lambda v: (p.score[v], v))
+        costs = [float(p.score[v]) for v in items]
+        max_size = min(CHAIN_VICTIMS, work.moves_left() - 1, budget - 1 - int(work.touched[c]), len(items))
+        tries = 0
+        for k, sub in enumerate(cheapest_subsets(costs, max_size)):
+            if k >= CHAIN_SUBSETS or tries >= 2:
+                break
+            if best is not None and work.score + sum(costs[j] for j in sub) + own >= best.score - 1e-9:
+                break
+            victims = [items[j] for j in sub]
+            row = work.free[c].copy()
+            cpu, mem = work.cpu[c], work.mem[c]
+            for v in victims:
+                for g in p.ws[v].placements[0].gpus:
+                    row[g] += p.milli[v]
+                cpu += p.cpu[v]
+                mem += p.mem[v]
+            if not fits_rows(row[None, :], np.array([cpu]), np.array([mem]), gpus, milli,
+                             int(p.cpu[wi]), int(p.mem[wi]))[0]:
+                continue
+            tries += 1
+            trial = work.clone()
+            for v in victims:
+                trial.release(v)
+            f2[c] = True
+            ok = all(trial.moves_left() >= 2 and _place(p, trial, v, f2, depth - 1)
+                     for v in sorted(victims, key=lambda v: (-p.gpus[v], -p.milli[v], v)))
+            f2[c] = forbid[c]
+            gp = pick_gpus(trial.free[c], gpus, milli) if ok else None
+            if gp is None or trial.moves_left() < 1 or trial.touched[c] + 1 > budget:
+                continue
+            trial.move(wi, c, gp)
+            if best is None or trial.score < best.score - 1e-9:
+                best = trial
+    return best
 
 
 def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -> tuple[Work | None, str]:

@@ -211,6 +211,11 @@ class Work:
         c.score = self.score
         return c
 
+    def assign(self, other: Work) -> None:
+        """Become `other` (a clone this one was branched into)."""
+        self.free, self.cpu, self.mem, self.touched = other.free, other.cpu, other.mem, other.touched
+        self.moved, self.order, self.reserved, self.score = other.moved, other.order, other.reserved, other.score
+
     def release(self, wi: int) -> None:
         """Take a workload off its source node (its GPUs become free)."""
         p = self.p
