@@ -68,9 +68,11 @@ class Probe:
         return same and rep.ok, rep.largest_gap_s
 
     def kill(self) -> None:
+        """Kill what is left, but only our own probes (a PID that exited may have been reused)."""
         for p in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if str(self.log).encode() in Path(f"/proc/{p}/cmdline").read_bytes():
+                    os.kill(p, signal.SIGKILL)
         self.job.reap(timeout=5)
 
 

@@ -113,9 +113,10 @@ def check_one(gib: float, work: Path, leave_running: bool) -> dict[str, object]:
     except Exception as e:  # record and go on to the next size
         row.update(ok=False, error=f"{type(e).__name__}: {e}")
     finally:
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
+        for p in pids:  # only our own job: a PID that exited may have been reused
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if str(log).encode() in Path(f"/proc/{p}/cmdline").read_bytes():
+                    os.kill(p, signal.SIGKILL)
     return row
 
 

@@ -3,7 +3,6 @@ and pairs of network namespaces standing in for two nodes."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -77,9 +76,16 @@ class Probes:
         assert "EXIT step=" in log.read_text(), f"PID {pid} did not exit on SIGTERM"
 
     def cleanup(self) -> None:
+        """Kill what is left — only processes whose command line names this test's folder, since a PID
+        that exited may by now belong to someone else's process."""
+        marker = str(self.dir.parent).encode()
         for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
+                if marker not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    continue
                 os.kill(pid, signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
         for job in self.jobs:
             job.reap(timeout=5)
 

@@ -15,6 +15,9 @@ from gpudefrag.checkpoint.protocol import CheckpointError
 from gpudefrag.core.model import Versions
 
 KEY = b"k" * 32
+# no per-example deadline: the machine is shared, and a slow example is not a wrong one
+PROPS = settings(max_examples=300, deadline=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
 def valid_doc() -> dict:
@@ -31,7 +34,7 @@ def test_round_trip_keeps_the_signature_valid() -> None:
     assert m.compat.to_versions() == Versions(cpu_arch="x86_64")
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@PROPS
 @given(st.binary(max_size=400))
 def test_arbitrary_bytes_are_a_bad_manifest_or_parse(raw: bytes) -> None:
     try:
@@ -46,7 +49,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                            max_leaves=8)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@PROPS
 @given(st.sampled_from(sorted(valid_doc())), json_values)
 def test_a_field_replaced_by_any_json_is_refused_or_still_typed(field: str, value: object) -> None:
     """Swap one field for arbitrary JSON: the loader either refuses naming that field, or yields a typed model."""
@@ -112,7 +115,7 @@ def test_link_stays_inside(path: str, target: str, ok: bool) -> None:
     assert link_stays_inside(path, target) is ok
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@PROPS
 @given(st.binary(max_size=200))
 def test_any_key_file_content_is_a_key_or_an_insecure_key_error(tmp_path_factory, raw: bytes) -> None:
     import os
