@@ -169,13 +169,20 @@ def test_precopy_request(criu, store: CheckpointStore, probes: Probes) -> None:
     finish_and_check(probes, rr.pid, log, sha, at_dump)
 
 
-def test_cli_restore_wait_returns_the_jobs_exit_code(criu, store: CheckpointStore, probes: Probes) -> None:
-    """A job wrapper restores in the foreground and exits with the job's status (subreaper + waitpid)."""
+def test_cli_page_server_checkpoint_then_restore_wait_returns_the_jobs_exit_code(
+        criu, store: CheckpointStore, probes: Probes, run_cli) -> None:
+    """`checkpoint --page-server`, then `restore --wait` as a job step would: the CLI stays in the foreground
+    and exits with the job's status (it becomes a subreaper, the restored job its child)."""
+    import json
     import subprocess
     import sys
 
     job, log = probes.start(pidns=True, args=["--exit-code", "3"])
-    m, _ = checkpoint_to_store(store, criu, job.pid, "probe")
+    r = run_cli("checkpoint", "--pid", str(job.pid), "--page-server", "--json", "--store", str(store.root),
+                "--key", str(store.key_path))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["mode"] == "dump+page-server"
+    m = store.read_manifest(json.loads(r.stdout)["id"])
     job.reap()
     at_dump = probe_job.last_step(log)
     cli = subprocess.Popen([sys.executable, "-m", "gpudefrag.cli.main", "restore", m.id, "--wait", "--json",
