@@ -96,6 +96,10 @@ def test_any_corruption_gives_one_named_error_or_loads(idx: int, value: Any) -> 
      if d["items"][1]["spec"].get("taints") else d["items"][1]["spec"].__setitem__(
          "taints", [{"key": "a", "effect": "Sometimes"}]), "items[1].spec.taints[0].effect", "unknown taint effect"),
     (lambda d: d.pop("kind"), "kind", "not a Kubernetes List"),
+    (lambda d: d["items"][0]["status"]["capacity"].__setitem__("nvidia.com/gpu", "1e12"),
+     'items[0].status.capacity["nvidia.com/gpu"]', "not plausible"),
+    (lambda d: d["items"][1]["metadata"]["labels"].__setitem__("nvidia.com/gpu.count", "99999"),
+     'items[1].metadata.labels["nvidia.com/gpu.count"]', "not plausible"),
 ])
 def test_specific_errors_name_the_path(tmp_path: Path, mutate: Any, where: str, words: str) -> None:
     doc = json.loads(json.dumps(DOC))

@@ -60,6 +60,7 @@ NODE_GROUP_LABELS = (
 )
 _QUOTA_REQ = re.compile(r"requested: [^\n]*?requests\.nvidia\.com/gpu=(\d+)")
 _DONE_PHASES = ("Succeeded", "Failed")
+MAX_GPUS_PER_NODE = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +181,10 @@ def _node(at: At, dra: DraInventory) -> Node:
     mig = {k[len(MIG_PREFIX):]: n for k in alloc.value if k.startswith(MIG_PREFIX) and (n := alloc.count(k))}
     mig.update(dra.mig_by_node.get(name, {}))
     dra_gpus = dra.gpus_by_node.get(name, 0)
+    for where, v in ((cap, gpu_cap), (alloc, gpu_alloc), (meta.obj("labels"), label_count)):
+        if v is not None and v > MAX_GPUS_PER_NODE:  # the model keeps a nodes × GPUs array: refuse nonsense
+            key = "nvidia.com/gpu.count" if where.key == "labels" else GPU
+            raise where.error(f"{v} GPUs on one node is not plausible (at most {MAX_GPUS_PER_NODE})", key)
     count = max(gpu_cap or 0, label_count, gpu_alloc or 0, dra_gpus)
     allocatable: int | None = (gpu_alloc or 0) + dra_gpus
     if allocatable == count:
