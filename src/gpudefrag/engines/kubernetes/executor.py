@@ -81,7 +81,9 @@ def _ready(pod: dict[str, Any]) -> bool:
 class Executor:
     def __init__(self, api: KubeApi, *, publish: Publisher | None = None, compat: CompatRule | None = None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
-                 poll_s: float = 2.0, on_step: Callable[[MoveSequence, StepResult], None] | None = None) -> None:
+                 poll_s: float = 2.0, on_step: Callable[[MoveSequence, StepResult], None] | None = None,
+                 before: Callable[[MoveSequence, int, Op], None] | None = None) -> None:
+        self.before = before  # called before each operation is taken (the journal writes it here)
         self.api = api
         self.publish = publish
         self.compat = compat
@@ -96,11 +98,29 @@ class Executor:
         if not seq.ok:
             res.error = f"refused: {seq.refused}"
             return res
+        return self._run(seq, res, versions, 0, recovering=False)
+
+    def finish(self, seq: MoveSequence) -> MoveResult:
+        """After a crash past the point of no return: take the committing operation and the rest again (each is
+        idempotent: a pod already evicted or adopted counts as done)."""
+        res = MoveResult(seq.move_id, seq.workload_id, ok=False, committed=True)
+        start = next((i for i, o in enumerate(seq.ops) if o.irreversible), len(seq.ops))
+        return self._run(seq, res, None, start, recovering=True)
+
+    def rollback(self, seq: MoveSequence) -> MoveResult:
+        """After a crash before the point of no return: undo (delete the replacement if it exists, ...)."""
+        res = MoveResult(seq.move_id, seq.workload_id, ok=False)
+        self._rollback(seq, res)
+        return res
+
+    def _run(self, seq: MoveSequence, res: MoveResult, versions: Any, start: int, *, recovering: bool) -> MoveResult:
         archives: dict[str, str] = {}
-        created = False
-        for op in seq.ops:
+        created = recovering
+        for i, op in enumerate(seq.ops[start:], start):
+            if self.before:
+                self.before(seq, i, op)
             try:
-                detail = self._do(op, archives, versions)
+                detail = self._do(op, archives, versions, recovering)
             except (StepFailed, ApiError) as e:
                 self._record(seq, res, StepResult(op.kind.value, False, str(e)))
                 res.error = f"{op.kind.value}: {e}"
@@ -143,7 +163,7 @@ class Executor:
                 raise StepFailed(f"timed out after {timeout:g} s waiting for {what}")
             self.sleep(self.poll_s)
 
-    def _do(self, op: Op, archives: dict[str, str], versions: Any) -> str:
+    def _do(self, op: Op, archives: dict[str, str], versions: Any, recovering: bool = False) -> str:
         p, api = op.params, self.api
         k = op.kind
         if k is OpKind.VERIFY_TARGET:
@@ -205,7 +225,7 @@ class Executor:
             try:
                 api.evict_pod(p["namespace"], p["pod"], dict(op.body or {}))
             except ApiError as e:
-                if e.status == 404 and p.get("missing_ok"):
+                if e.status == 404 and (p.get("missing_ok") or recovering):
                     return "already removed by its ReplicaSet"
                 if e.status == 429:
                     raise StepFailed(f"eviction refused by a PodDisruptionBudget ({e})") from None

@@ -102,6 +102,18 @@ class MoveSequence:
     def kinds(self) -> list[str]:
         return [o.kind.value for o in self.ops]
 
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> MoveSequence:
+        """Back from `as_dict` (the journal keeps the sequence it ran, for recovery after a crash)."""
+
+        def op(o: Mapping[str, Any]) -> Op:
+            return Op(OpKind(o["op"]), o["verb"], o["path"], o.get("body"), o.get("detail", ""),
+                      dict(o.get("params") or {}), bool(o.get("irreversible")))
+
+        return MoveSequence(d["workload"], d["source"], d["target"], d["move_id"], d["strategy"], d["checkpoint"],
+                            tuple(op(o) for o in d.get("ops") or ()), tuple(op(o) for o in d.get("rollback") or ()),
+                            d.get("refused"), d.get("replacement"), tuple(d.get("pdbs") or ()))
+
     def as_dict(self) -> dict[str, object]:
         return {"workload": self.workload_id, "source": self.source, "target": self.target, "move_id": self.move_id,
                 "strategy": self.strategy, "checkpoint": self.checkpoint_mode, "refused": self.refused,
