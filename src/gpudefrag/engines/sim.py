@@ -68,6 +68,8 @@ class SimJob:
     ticket: Ticket | None = None
     handled_tickets: set[str] = field(default_factory=set)
     status: RunStatus | None = None
+    view: Workload | None = None  # the Workload observe() reports, cached until phase/nodes/gpus change
+    view_key: tuple[object, ...] | None = None
 
 
 class SimEngine:
@@ -101,16 +103,26 @@ class SimEngine:
 
     # ------------------------------------------------------------------ Engine
     def observe(self) -> ClusterState:
-        nodes = [replace(self.nodes[n], schedulable=n not in self.drained) for n in self.node_order]
+        """The state now (validated). Each job's view is rebuilt only when its phase or place changed."""
+        nodes = [n if (n.name in self.drained) != n.schedulable else replace(n, schedulable=n.name not in self.drained)
+                 for n in (self.nodes[x] for x in self.node_order)]
         wls = []
         for j in self.jobs.values():
-            if j.phase in (JobPhase.RUNNING, JobPhase.COMPLETING) and j.nodes:
-                wls.append(replace(j.workload, state=WorkloadState.RUNNING,
-                                   placements=(Placement(j.nodes[0], j.gpus),)))
-            elif j.phase in (JobPhase.PENDING, JobPhase.HELD):
-                wls.append(replace(j.workload, state=WorkloadState.PENDING, placements=(),
-                                   scheduler_reason="JobHeldUser" if j.phase is JobPhase.HELD else "Resources"))
+            key = (j.phase, j.nodes, j.gpus)
+            if j.view_key != key:
+                j.view_key, j.view = key, self._view(j)
+            if j.view is not None:
+                wls.append(j.view)
         return ClusterState.build(nodes, wls, now=self.now, name="sim")
+
+    @staticmethod
+    def _view(j: SimJob) -> Workload | None:
+        if j.phase in (JobPhase.RUNNING, JobPhase.COMPLETING) and j.nodes:
+            return replace(j.workload, state=WorkloadState.RUNNING, placements=(Placement(j.nodes[0], j.gpus),))
+        if j.phase in (JobPhase.PENDING, JobPhase.HELD):
+            return replace(j.workload, state=WorkloadState.PENDING, placements=(),
+                           scheduler_reason="JobHeldUser" if j.phase is JobPhase.HELD else "Resources")
+        return None
 
     def _job(self, job_id: str) -> SimJob:
         j = self.jobs.get(job_id)

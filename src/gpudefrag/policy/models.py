@@ -166,6 +166,7 @@ class Budgets(_Strict):
     max_concurrent: Annotated[int, Field(ge=1)] = 2  # migrations in flight, cluster-wide
     max_per_node: Annotated[int, Field(ge=1)] = 1  # migrations in flight touching one node (source or target)
     max_moves_per_plan: Annotated[int, Field(ge=1)] = 8
+    max_plans_per_cycle: Annotated[int, Field(ge=1)] = 1  # pending jobs planned for per cycle, oldest first
     max_per_hour: Annotated[int, Field(ge=0)] | None = None
     checkpoint_timeout_s: PosSeconds = 300.0
     restore_timeout_s: PosSeconds = 300.0

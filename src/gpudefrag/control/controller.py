@@ -1,0 +1,270 @@
+"""The controller loop: observe → trigger → filter → plan → execute, one `cycle()` at a time.
+
+Each cycle advances the migrations already in flight, then evaluates the policy's triggers on a fresh
+observation; for each trigger that fires it plans (only workloads the policy's filter allows may move, none
+already moving) and hands the moves to the executor, which journals them and applies the disruption budget.
+Every decision is logged with its reason, and journaled when not a dry run. A dry run plans and reports but
+never calls an engine action and never writes the journal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.diagnose import diagnose_all
+from ..core.fragmentation import frag_report
+from ..core.model import ClusterState, Request, Workload
+from ..core.planner import Plan, PlanOptions, plan_moves
+from ..engines.base import Engine
+from ..engines.slurm.reasons import waits_for_resources
+from ..policy.models import Policy
+from .executor import Executor
+
+
+@dataclass
+class Decision:
+    kind: str  # trigger | skip | plan | submit | defer | dry-run | error
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "reason": self.reason, **self.detail}
+
+
+@dataclass
+class CycleReport:
+    at: float
+    nodes: int
+    running: int
+    pending: int
+    decisions: list[Decision]
+    plans: list[Plan]
+    in_flight: int
+    duration_s: float
+    dry_run: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "nodes": self.nodes, "running": self.running, "pending": self.pending,
+                "in_flight": self.in_flight, "duration_s": round(self.duration_s, 4), "dry_run": self.dry_run,
+                "decisions": [d.as_dict() for d in self.decisions], "plans": [p.as_dict() for p in self.plans]}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a trigger wants placed: a pending workload, or (cron / fragmentation threshold) a whole free node."""
+
+    why: str
+    request: Request
+    workload_id: str | None = None
+
+
+class Controller:
+    def __init__(self, engine: Engine, policy: Policy, executor: Executor | None, *, dry_run: bool = False,
+                 clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None,
+                 enrich: Callable[[ClusterState], ClusterState] | None = None,
+                 request_file: Path | None = None) -> None:
+        if executor is None and not dry_run:
+            raise ValueError("a controller that acts needs an executor")
+        self.engine = engine
+        self.policy = policy
+        self.executor = executor
+        self.dry_run = dry_run
+        self.clock = clock
+        self.log = log or (lambda _m: None)
+        self.enrich = enrich
+        self.request_file = request_file
+        self._requested = False
+        self._last_cron: float | None = None
+
+    def request(self) -> None:
+        """An explicit request (CLI/API): the next cycle evaluates the policy as if a trigger fired."""
+        self._requested = True
+
+    # ------------------------------------------------------------------ one cycle
+    def cycle(self) -> CycleReport:
+        t0 = time.perf_counter()
+        decisions: list[Decision] = []
+        plans: list[Plan] = []
+        if self.executor is not None and not self.dry_run:
+            for m in self.executor.tick():
+                decisions.append(Decision("progress", f"migration {m.id} of {m.workload_id}: {m.state.value}",
+                                          {"migration": m.id, "state": m.state.value, "why": m.reason}))
+        state = self.engine.observe()
+        if self.enrich is not None:
+            state = self.enrich(state)
+        now = self.clock()
+        targets = self.triggers(state, now, decisions)
+        if targets and self.policy.action.kind == "never":
+            decisions.append(Decision("skip", "policy action is 'never': diagnosis and plans are reported only"))
+        busy = self.executor.busy_workloads() if self.executor is not None else set()
+        planned_for = self._in_flight_for()
+        for t in targets:
+            if t.workload_id is not None and t.workload_id in planned_for:
+                decisions.append(Decision("skip", f"moves for {t.workload_id} are already in flight",
+                                          {"workload": t.workload_id}))
+                continue
+            plan = self.plan(state, t, busy)
+            plans.append(plan)
+            if not plan.feasible:
+                decisions.append(Decision("plan", f"no plan for {t.why}: {plan.reason}",
+                                          {"workload": t.workload_id, "feasible": False}))
+                continue
+            moves = [f"{m.workload_id} {m.source}->{m.target}" for m in plan.moves]
+            decisions.append(Decision("plan", f"{t.why}: {len(plan.moves)} move(s) free {plan.target_node} "
+                                      f"({plan.total_cost_s:.0f} s, {plan.solver})",
+                                      {"workload": t.workload_id, "moves": moves, "target_node": plan.target_node}))
+            if self.policy.action.kind == "never":
+                continue
+            if self.dry_run:
+                decisions.append(Decision("dry-run", f"would move {', '.join(moves) or 'nothing'}",
+                                          {"workload": t.workload_id, "moves": moves}))
+                continue
+            assert self.executor is not None
+            adm = self.executor.submit(plan.moves, reason=t.why,
+                                       plan={"for": t.workload_id, "target_node": plan.target_node})
+            for m in adm.admitted:
+                busy.add(m.workload_id)
+                decisions.append(Decision("submit", f"migration {m.id}: {m.workload_id} {m.source} -> {m.target}",
+                                          {"migration": m.id, "workload": m.workload_id}))
+            for wid, why in adm.deferred:
+                decisions.append(Decision("defer", f"{wid}: {why}", {"workload": wid}))
+        report = CycleReport(now, len(state.nodes), len(state.running), len(state.pending), decisions, plans,
+                             len(self.executor.active()) if self.executor is not None else 0,
+                             time.perf_counter() - t0, self.dry_run)
+        for d in decisions:
+            self.log(f"{d.kind}: {d.reason}")
+            if self.executor is not None and not self.dry_run and d.kind != "progress":
+                self.executor.journal.event(d.kind, d.as_dict())
+        return report
+
+    def _in_flight_for(self) -> set[str]:
+        if self.executor is None:
+            return set()
+        out = set()
+        for m in self.executor.active():
+            plan = m.data.get("plan") or {}
+            if plan.get("for"):
+                out.add(str(plan["for"]))
+        return out
+
+    # ------------------------------------------------------------------ triggers
+    def triggers(self, state: ClusterState, now: float, decisions: list[Decision]) -> list[Target]:
+        tr = self.policy.trigger
+        out: list[Target] = []
+        if tr.pending is not None:
+            for t in self._pending_targets(state, now, self.policy.budgets.max_plans_per_cycle):
+                out.append(t)
+                decisions.append(Decision("trigger", t.why, {"workload": t.workload_id}))
+        requested = self._requested or self._consume_request_file()
+        self._requested = False
+        cron = tr.cron_due(self._last_cron, now)
+        if tr.cron is not None:
+            self._last_cron = now if self._last_cron is None or cron else self._last_cron
+        frag = None
+        if tr.fragmentation_above is not None:
+            frag = frag_report(state).fgd_ratio
+        whole = Request(gpus_per_node=max(state.max_gpus, 1))
+        if (cron or (requested and tr.on_request)) and not out:
+            why = "cron schedule" if cron else "explicit request"
+            if tr.fragmentation_above is not None and frag is not None and frag <= tr.fragmentation_above:
+                decisions.append(Decision("skip", f"{why}, but fragmentation {frag:.2f} <= "
+                                          f"{tr.fragmentation_above:.2f}"))
+            else:
+                out.append(Target(f"{why}: free a whole node", whole))
+                decisions.append(Decision("trigger", out[-1].why))
+        elif (tr.fragmentation_above is not None and tr.cron is None and frag is not None
+              and frag > tr.fragmentation_above and not out):
+            out.append(Target(f"fragmentation {frag:.2f} above {tr.fragmentation_above:.2f}: free a whole node",
+                              whole))
+            decisions.append(Decision("trigger", out[-1].why))
+        return out
+
+    def _pending_targets(self, state: ClusterState, now: float, limit: int) -> list[Target]:
+        """Up to `limit` pending GPU jobs, oldest first, that waited long enough for resources alone and whose
+        diagnosis is fragmentation. Diagnosis stops at `limit` (the rest wait for later cycles)."""
+        pt = self.policy.trigger.pending
+        assert pt is not None
+        waited: dict[str, float] = {}
+        for w in state.pending:
+            if w.request.gpus_per_node < pt.min_gpus or not waits_for_resources(w.scheduler_reason):
+                continue
+            age = now - (w.submitted_at if w.submitted_at is not None else now)
+            if age >= pt.longer_than_s:
+                waited[w.id] = age
+        if not waited:
+            return []
+        out: list[Target] = []
+        ids = list(waited)  # state.pending order: oldest first
+        step = max(limit, 8)
+        for k in range(0, len(ids), step):  # in chunks (one shared diagnosis context each), stop once enough
+            for d in diagnose_all(state, ids[k : k + step]):
+                if d.is_fragmentation and d.workload_id is not None and len(out) < limit:
+                    w = state.workload(d.workload_id)
+                    out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, diagnosed "
+                                      "fragmentation", w.request, w.id))
+            if len(out) >= limit:
+                break
+        return out
+
+    def _consume_request_file(self) -> bool:
+        if self.request_file is None or not self.request_file.exists():
+            return False
+        self.request_file.unlink(missing_ok=True)
+        return True
+
+    # ------------------------------------------------------------------ planning
+    def plan(self, state: ClusterState, t: Target, busy: set[str]) -> Plan:
+        flt = self.policy.filter
+
+        def movable(w: Workload) -> bool:
+            return w.id not in busy and flt.matches(w)
+
+        opts = PlanOptions(max_moves=self.policy.budgets.max_moves_per_plan, movable=movable,
+                           time_limit_s=self.policy.planner_time_limit_s)
+        plan = plan_moves(state, t.request, opts)
+        return dataclasses.replace(plan, workload_id=t.workload_id)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, *, interval_s: float = 2.0, max_cycles: int | None = None,
+            on_cycle: Callable[[CycleReport], None] | None = None,
+            sleep: Callable[[float], None] = time.sleep) -> int:
+        n = 0
+        while max_cycles is None or n < max_cycles:
+            report = self.cycle()
+            n += 1
+            if on_cycle is not None:
+                on_cycle(report)
+            if max_cycles is not None and n >= max_cycles:
+                break
+            sleep(interval_s)
+        return n
+
+
+def enrich_from_store(store: Any) -> Callable[[ClusterState], ClusterState]:
+    """Fill each workload's checkpoint size and time from the store's newest checkpoint of it (for the
+    filter's max_checkpoint_size and the planner's costs)."""
+
+    def enrich(state: ClusterState) -> ClusterState:
+        try:
+            rows = store.list()
+        except Exception:
+            return state
+        newest: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            if r.get("signed") and r["workload_id"] not in newest:
+                newest[r["workload_id"]] = r
+        if not newest:
+            return state
+        wls = []
+        for w in state.workloads:
+            r = newest.get(w.id)
+            wls.append(dataclasses.replace(w, checkpoint_bytes=int(r["bytes"]),
+                                           last_checkpoint_at=float(r["created_unix"])) if r else w)
+        return state.with_workloads(wls)
+
+    return enrich
