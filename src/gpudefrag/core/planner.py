@@ -132,7 +132,7 @@ def _infeasible(request: Request, reason: str, solver: str, explain: Sequence[st
 
 
 def plan_from_work(p: Problem, work: Work, request: Request, solver: str, optimal: bool,
-                   notes: Sequence[str] = ()) -> Plan:
+                   notes: Sequence[str] = (), method: str = "") -> Plan:
     """Turn a solver's working state into a Plan, replaying it to prove it."""
     moves: list[Move] = []
     for wi in work.order:
@@ -143,16 +143,18 @@ def plan_from_work(p: Problem, work: Work, request: Request, solver: str, optima
     placements = tuple(Placement(p.name(i), g) for _part, i, g in work.reserved)
     if not fits_after(p.state, moves, request, placements):  # pragma: no cover - a solver bug, not user error
         raise AssertionError(f"{solver} produced a plan after which {request.label()} does not fit")
-    return _finish(p, request, tuple(moves), placements, solver, optimal, notes)
+    return _finish(p, request, tuple(moves), placements, solver, optimal, notes, method)
 
 
 def _finish(p: Problem, request: Request, moves: tuple[Move, ...], placements: tuple[Placement, ...],
-            solver: str, optimal: bool, notes: Sequence[str]) -> Plan:
+            solver: str, optimal: bool, notes: Sequence[str], method: str) -> Plan:
     total_s = sum(m.cost.total_s for m in moves)
     total_gpu_s = sum(m.cost.gpu_s for m in moves)
     evict = sum(m.evict.gpu_s for m in moves if m.evict) if moves else None
     drain = max((m.drain.seconds for m in moves if m.drain), default=0.0) if moves else None
     explain: list[str] = [f"solver: {solver}" + (" (proven optimal)" if optimal else "")]
+    if method:
+        explain.append(method)
     target = placements[0].node if placements else None
     if target is not None:
         i = p.state.node_index[target]
@@ -201,7 +203,7 @@ def _plan_parts(state: ClusterState, requests: list[Request], opts: PlanOptions)
     parts = parts_of(state, requests)
     heur = solve_heuristic(p, parts)
     exact_plan = None
-    if opts.solver != "heuristic" and len(requests) == 1:
+    if opts.solver != "heuristic":
         from .planner_exact import solve_exact  # OR-Tools is imported only when the exact solver runs
 
         if opts.solver == "exact" or _exact_size(p, parts) <= opts.exact_max_vars:
@@ -222,9 +224,11 @@ def _plan_parts(state: ClusterState, requests: list[Request], opts: PlanOptions)
 
 
 def _exact_size(p: Problem, parts: list[Part]) -> int:
-    """A rough count of the exact model's variables (movable workloads × nodes)."""
+    """A rough measure of the exact model's size (movable workloads × nodes); a request with several parts
+    gets one CP-SAT model over all nodes at once, which is far harder to prove, so it weighs 30 times more."""
     n = len(p.state.nodes)
-    return int((~p.multi).sum()) * n + len(parts) * n
+    size = int((~p.multi).sum()) * n + len(parts) * n
+    return size if len(parts) == 1 else 30 * size
 
 
 def plan_all_pending(state: ClusterState, options: PlanOptions | None = None, k: int | None = None) -> list[Plan]:

@@ -17,8 +17,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from .model import MILLI, Request
-from .planner_heuristic import room_bound
-from .planner_problem import BIG, Part, Problem, Work
+from .planner_heuristic import cheapest_subsets, clear_node, room_bound
+from .planner_problem import BIG, Part, Problem, Work, fits_rows
 from .planner_types import Plan
 
 
@@ -47,12 +47,13 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
         if ans.work is None:
             return None
         return plan_from_work(p, ans.work, request, "exact", ans.status == "optimal",
-                              ("found by CP-SAT over all nodes",))
+                              method="CP-SAT over all nodes and parts at once")
     part = parts[0]
     base = Work(p)
     if hint is not None and not hint.order:  # it fits without moves: nothing is cheaper
         return plan_from_work(p, hint, request, "exact", True)
-    bounds = [(room_bound(p, base, part, int(i)), int(i)) for i in np.flatnonzero(part.eligible)]
+    extra: dict[int, float] = {}
+    bounds = [(tight_bound(p, base, part, int(i), extra), int(i)) for i in np.flatnonzero(part.eligible)]
     have = (p.state.free_milli >= part.milli).sum(axis=1)
     bounds = sorted((b, -int(have[i]), i) for b, i in bounds if np.isfinite(b))
     best = hint
@@ -60,15 +61,23 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
     proven = True
     improved = 0
     visited = 0
+    by_bound = 0
     budget = opts.time_limit_s
+    forbid = np.zeros(len(p.state.nodes), dtype=bool)
     for b, _h, i in bounds:
         if b >= best_score - 1e-9:
             break
         if budget <= 0:
             proven = False
             break
-        same = hint is not None and hint.reserved and hint.reserved[0][1] == i
-        ans = cp_sat(p, parts, hint if same else None, only_node=i,
+        local, _why = clear_node(p, base, part, i, forbid)  # the heuristic on this node alone
+        if local is not None and local.score < best_score - 1e-9:
+            best, best_score = local, local.score
+            improved += 1
+        if local is not None and local.score <= b + 1e-6:
+            by_bound += 1
+            continue  # it meets this node's bound: optimal for this node without a solver
+        ans = cp_sat(p, parts, local, only_node=i,
                      upper=None if best is None else best_score, time_limit=budget,
                      bystander_max=best_score - b + 1e-6)
         budget -= ans.wall_s
@@ -82,9 +91,55 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
         if proven:
             return _infeasible(request, _NO_PLAN.format(opts.max_moves, opts.max_moves_per_node), "exact")
         return None
-    how = (f"lower bounds on {len(bounds)} candidate nodes, CP-SAT on {visited}"
-           + (", which improved the heuristic's plan" if improved else ", none cheaper than the heuristic's plan"))
-    return plan_from_work(p, best, request, "exact", proven, (how,))
+    how = (f"exact search: lower bounds on {len(bounds)} candidate nodes, {by_bound} settled by meeting their "
+           f"bound, CP-SAT on {visited}; " + ("improved on the heuristic's plan" if improved
+                                               else "the heuristic's plan was already the cheapest"))
+    return plan_from_work(p, best, request, "exact", proven, method=how)
+
+
+def tight_bound(p: Problem, base: Work, part: Part, i: int, extra: dict[int, float]) -> float:
+    """A lower bound on any plan landing `part` on node i: over the sets of i's workloads that make room (in
+    order of cost), the set's cost plus, for a workload of it that fits on no other node as things stand,
+    the cheapest room any other node could make for it (a chain it cannot avoid)."""
+    items = [int(wi) for wi in p.on_node(i) if p.why_not_movable(int(wi)) is None]
+    items.sort(key=lambda wi: (p.score_lb[wi], wi))
+    costs = [float(p.score_lb[wi]) for wi in items]
+    max_size = min(p.opts.max_moves, p.opts.max_moves_per_node, len(items))
+    best = np.inf
+    for k, sub in enumerate(cheapest_subsets(costs, max_size)):
+        c = sum(costs[j] for j in sub)
+        if c >= best or k >= 4000:
+            return min(best, c)
+        row = base.free[i].copy()
+        cpu, mem = base.cpu[i], base.mem[i]
+        for j in sub:
+            wi = items[j]
+            for g in p.ws[wi].placements[0].gpus:
+                row[g] += p.milli[wi]
+            cpu += p.cpu[wi]
+            mem += p.mem[wi]
+        if not fits_rows(row[None, :], np.array([cpu]), np.array([mem]), part.gpus, part.milli, part.cpu,
+                         part.mem)[0]:
+            continue
+        best = min(best, c + max(_chain_floor(p, base, items[j], extra) for j in sub))
+    return float(best)
+
+
+def _chain_floor(p: Problem, base: Work, wi: int, cache: dict[int, float]) -> float:
+    """0 if the workload fits on another node as things stand, else the least any node could charge to make
+    room for it (the cheapest set of that node's own workloads whose departure does)."""
+    got = cache.get(wi)
+    if got is not None:
+        return got
+    w = p.ws[wi]
+    mask = p.targets_mask(wi).copy()
+    mask[int(p.src[wi])] = False
+    shape = Part(-1, w.request, int(p.gpus[wi]), int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi]), mask)
+    fits = mask & fits_rows(base.free, base.cpu, base.mem, shape.gpus, shape.milli, shape.cpu, shape.mem)
+    got = 0.0 if fits.any() else min((room_bound(p, base, shape, int(d)) for d in np.flatnonzero(mask)),
+                                     default=np.inf)
+    cache[wi] = got
+    return got
 
 
 _NO_PLAN = ("no set of at most {} moves (at most {} per node) frees room for the request "

@@ -25,6 +25,7 @@ CHAIN_NODES = 16  # nodes examined for a chain per displaced workload (CHAIN_NOD
 CHAIN_NODES_INNER = 4
 CHAIN_VICTIMS = 3  # workloads moved out of the way on one node
 CHAIN_SUBSETS = 32
+BOUND_FACTOR = 4  # nodes whose exact room bound is checked, per node cleared in full (candidate_limit)
 
 
 @dataclass
@@ -50,28 +51,32 @@ def cheapest_subsets(costs: list[float], max_size: int) -> Iterator[tuple[int, .
             heapq.heappush(heap, (s - costs[last] + costs[last + 1], last + 1, (*sub[:-1], last + 1)))
 
 
-def room_bound(p: Problem, work: Work, part: Part, i: int) -> float:
+def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("inf")) -> float:
     """A lower bound on the score of any plan that lands `part` on node i: the cheapest set of i's movable
-    workloads (by their cheapest possible move) whose departure makes room. inf: no such set."""
+    workloads (by their cheapest possible move) whose departure makes room. inf: no such set. Stops early,
+    returning a value >= `bar`, once every set left costs at least `bar`. Plain Python on one node's row."""
     items = [int(wi) for wi in p.on_node(i) if int(wi) not in work.moved and p.why_not_movable(int(wi)) is None]
     items.sort(key=lambda wi: (p.score_lb[wi], wi))
     costs = [float(p.score_lb[wi]) for wi in items]
     max_size = min(work.moves_left(), p.opts.max_moves_per_node - int(work.touched[i]), len(items))
-    last = 0.0
+    base = [int(x) for x in work.free[i]]
+    cpu0, mem0 = int(work.cpu[i]), int(work.mem[i])
+    frees = [(p.ws[wi].placements[0].gpus, int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi])) for wi in items]
+    need, milli = part.gpus, part.milli
     for k, sub in enumerate(cheapest_subsets(costs, max_size)):
-        last = sum(costs[j] for j in sub)
-        if k >= SUBSET_LIMIT * 10:
-            return last  # every cheaper set was tried and does not make room
-        row = work.free[i].copy()
-        cpu, mem = work.cpu[i], work.mem[i]
+        c = sum(costs[j] for j in sub)
+        if c >= bar or k >= SUBSET_LIMIT * 10:
+            return c  # every cheaper set was tried and does not make room
+        row = list(base)
+        cpu, mem = cpu0, mem0
         for j in sub:
-            wi = items[j]
-            for g in p.ws[wi].placements[0].gpus:
-                row[g] += p.milli[wi]
-            cpu += p.cpu[wi]
-            mem += p.mem[wi]
-        if fits_rows(row[None, :], np.array([cpu]), np.array([mem]), part.gpus, part.milli, part.cpu, part.mem)[0]:
-            return last
+            gs, m, dc, dm = frees[j]
+            for g in gs:
+                row[g] += m
+            cpu += dc
+            mem += dm
+        if cpu >= part.cpu and mem >= part.mem and sum(1 for x in row if x >= milli) >= need:
+            return c
     return float("inf")
 
 
@@ -79,7 +84,9 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.
     """Per node, a lower bound on the score of clearing room for `part` there (inf: impossible or not allowed).
 
     Each GPU that must be freed needs at least one workload moved: a whole-GPU workload frees its GPUs at
-    score/GPUs each, a shared one at most one GPU for its whole score."""
+    score/GPUs each, a shared one at most one GPU for its whole score. The bound is the cheapest fractional
+    cover of the missing GPUs by those prices (a fractional knapsack, vectorised over all nodes), and at least
+    the node's cheapest single move."""
     n = len(p.state.nodes)
     have = (work.free >= part.milli).sum(axis=1)
     need = np.maximum(part.gpus - have, 0)
@@ -103,7 +110,34 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.
     partly = (work.free > 0) & (work.free < MILLI)
     cap_ok = have + capacity + (shared | partly).sum(axis=1) >= part.gpus
     lb = np.maximum(min_item, need * np.where(np.isfinite(min_ratio), min_ratio, 0.0))
+    lb = np.maximum(lb, _cover_cost(src, np.where(p.milli[single] >= MILLI, gpus, 1), ratio, need, n))
     return np.where(allowed & cap_ok, lb, np.inf)
+
+
+def _cover_cost(src: np.ndarray, units: np.ndarray, price: np.ndarray, need: np.ndarray, n: int) -> np.ndarray:
+    """Per node, the cheapest way to buy `need` units from that node's items (each `units` at `price` per
+    unit, the last one fractionally); 0 where nothing is needed, and the whole stock where it is too small
+    (the capacity check rules those nodes out)."""
+    keep = units > 0
+    src, units, price = src[keep], units[keep], price[keep]
+    order = np.lexsort((price, src))
+    src, units, price = src[order], units[order], price[order]
+    cum_units = np.cumsum(units)
+    cum_cost = np.cumsum(units * price)
+    starts = np.searchsorted(src, np.arange(n))
+    ends = np.searchsorted(src, np.arange(n), side="right")
+    base_units = np.where(starts > 0, cum_units[np.maximum(starts - 1, 0)], 0) if len(src) else np.zeros(n)
+    base_cost = np.where(starts > 0, cum_cost[np.maximum(starts - 1, 0)], 0.0) if len(src) else np.zeros(n)
+    out = np.zeros(n)
+    if not len(src):
+        return out
+    want = base_units + need  # the global cumulative count at which node i's need is met
+    pos = np.searchsorted(cum_units, want, side="left")
+    inside = (need > 0) & (pos < ends)
+    pi = np.minimum(pos, len(src) - 1)
+    cost_at = cum_cost[pi] - (cum_units[pi] - want) * price[pi] - base_cost
+    total = np.where(ends > starts, cum_cost[np.maximum(ends - 1, 0)] - base_cost, 0.0)
+    return np.where(inside, cost_at, np.where(need > 0, total, 0.0))
 
 
 def _best_fit(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> int | None:
@@ -289,21 +323,23 @@ def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) 
         return Outcome(None, "no node can be cleared: every candidate holds too many unmovable GPUs "
                              "(multi-node or filtered workloads)")
     have = (work.free[finite] >= part.milli).sum(axis=1)
-    order = finite[np.lexsort((finite, -have, lb[finite]))][: p.opts.candidate_limit]
+    order = finite[np.lexsort((finite, -have, lb[finite]))][: p.opts.candidate_limit * BOUND_FACTOR]
     best: Work | None = None
     reasons: list[str] = []
     forbid = np.zeros(len(p.state.nodes), dtype=bool)
+    cleared = 0
     for i in order:
         i = int(i)
         bar = np.inf if best is None else best.score - work.score
-        if lb[i] >= bar:
+        if lb[i] >= bar or cleared >= p.opts.candidate_limit:
             break
-        rb = room_bound(p, work, part, i)
+        rb = room_bound(p, work, part, i, bar)
         if rb >= bar:
             if not np.isfinite(rb):
                 reasons.append(f"{p.name(i)}: no set of at most "
                                f"{min(work.moves_left(), p.opts.max_moves_per_node)} of its workloads makes room")
             continue  # even its cheapest way to make room costs more than the best plan so far
+        cleared += 1
         trial, why = clear_node(p, work, part, i, forbid)
         if trial is None:
             reasons.append(f"{p.name(i)}: {why}")

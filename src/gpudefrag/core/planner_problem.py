@@ -76,20 +76,20 @@ class Problem:
         ws = self.ws
         n = len(ws)
         idx = state.node_index
-        self.src = np.fromiter(
-            (idx[w.placements[0].node] if len(w.placements) == 1 else -1 for w in ws), dtype=np.int64, count=n
-        )
-        self.gpus = np.fromiter((w.request.gpus_per_node for w in ws), dtype=np.int64, count=n)
-        self.gpu0 = np.fromiter(  # the first GPU a workload holds on its (first) node; -1 for none
-            (w.placements[0].gpus[0] if w.placements and w.placements[0].gpus else -1 for w in ws),
-            dtype=np.int64, count=n)
-        self.milli = np.fromiter((w.request.gpu_milli for w in ws), dtype=np.int64, count=n)
-        self.cpu = np.fromiter((w.request.cpu_milli for w in ws), dtype=np.int64, count=n)
-        self.mem = np.fromiter((w.request.memory_mib for w in ws), dtype=np.int64, count=n)
-        ckpt = np.fromiter((w.checkpoint_bytes for w in ws), dtype=np.float64, count=n)
-        last = np.fromiter(
-            (np.nan if w.last_checkpoint_at is None else w.last_checkpoint_at for w in ws), dtype=np.float64, count=n
-        )
+        # one pass over the workloads (this is the planner's only O(jobs) Python loop)
+        ints = np.array(
+            [(idx[w.placements[0].node] if len(w.placements) == 1 else -1,
+              w.request.gpus_per_node,
+              w.placements[0].gpus[0] if w.placements and w.placements[0].gpus else -1,
+              w.request.gpu_milli, w.request.cpu_milli, w.request.memory_mib) for w in ws],
+            dtype=np.int64,
+        ).reshape(n, 6)
+        self.src, self.gpus, self.gpu0, self.milli, self.cpu, self.mem = (ints[:, k].copy() for k in range(6))
+        floats = np.array(
+            [(w.checkpoint_bytes, np.nan if w.last_checkpoint_at is None else w.last_checkpoint_at) for w in ws],
+            dtype=np.float64,
+        ).reshape(n, 2)
+        ckpt, last = floats[:, 0].copy(), floats[:, 1].copy()
         self.gpu_eq = self.gpus * np.minimum(self.milli, MILLI) / MILLI
         self.score = self.cm.score_vector(ckpt, self.now - last, self.gpu_eq, fresh_checkpoint=options.fresh_checkpoint)
         # the same with the fastest link anywhere: never above a move's real score (for lower bounds)
