@@ -172,3 +172,12 @@ def test_dra_slices_and_claims() -> None:
     s = to_cluster(objects_from_documents([("x", doc)], "x"), strict=False).state
     assert s.node("gpu-node-0").gpu_count == 4
     assert s.workload("ml/train-16g").request.gpus_per_node == 16 + 2
+
+
+def test_pods_gpudefrag_cannot_move_are_labelled(frag_cluster) -> None:  # type: ignore[no-untyped-def]
+    s = frag_cluster.state
+    flags = {w.id: w.labels.get("gpudefrag.io/movable") for w in s.running}
+    assert flags["ml/finetune-0"] == "false" and flags["ml/train-small-q8x2z"] == "false"  # StatefulSet, Job
+    assert flags["ml/notebook-ana"] is None and flags["ml/web-embed-7d9c5b6f4-abcde"] is None  # bare, ReplicaSet
+    # the pod's own labels (used for the replacement) are untouched
+    assert "gpudefrag.io/movable" not in frag_cluster.pods["ml/finetune-0"].labels

@@ -42,12 +42,14 @@ def test_every_operation_is_journaled_before_it_is_taken(frag_cluster: KubeClust
         m, res = jm.run(seq, frag_cluster.state.workload(BARE.workload_id).versions, reason="test")
         steps = j.steps(m.id)
     assert res.ok and m.state is MigrationState.DONE
-    details = [s["detail"].split(":")[0] for s in steps[1:-1]]
+    assert steps[1]["detail"].startswith(f"sequence {seq.move_id}")
+    details = [s["detail"].split(":")[0] for s in steps[2:-1]]
     assert details == seq.kinds()
-    # before op k is taken, the journal already holds its step (planned + k + 1 steps)
-    assert [n for n, _ in seen] == list(range(2, 2 + len(seq.ops)))
-    assert [s["state"] for s in steps] == ["planned", "planned", "checkpointing", "checkpointing", "restoring",
-                                           "restoring", "running-on-target", "running-on-target", "done"]
+    # before op k is taken, the journal already holds its step (planned, sequence, then k + 1 steps)
+    assert [n for n, _ in seen] == list(range(3, 3 + len(seq.ops)))
+    assert [s["state"] for s in steps] == ["planned", "planned", "planned", "checkpointing", "checkpointing",
+                                           "restoring", "restoring", "running-on-target", "running-on-target",
+                                           "done"]
 
 
 def test_refused_move_is_aborted_in_the_journal(frag_cluster: KubeCluster, tmp_path: Path) -> None:

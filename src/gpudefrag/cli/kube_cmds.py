@@ -19,7 +19,7 @@ from ..engines.kubernetes import (
     diagnose_kube,
     load_kube,
 )
-from ..engines.kubernetes.convert import as_dict_info
+from ..engines.kubernetes.convert import MOVABLE_LABEL, as_dict_info
 from ..snapshot import state_to_dict, write_json_atomic
 from .common import JsonOpt, console, emit_json, fail
 from .core_cmds import print_diagnosis
@@ -111,7 +111,7 @@ def _movable(cluster: KubeCluster, policy_path: Path | None) -> tuple[object, in
 
     def movable(w: object) -> bool:
         info = cluster.pods.get(w.id)  # type: ignore[attr-defined]
-        if info is None or info.synthetic or (info.owner and info.owner.kind != "ReplicaSet"):
+        if info is None or info.synthetic or w.labels.get(MOVABLE_LABEL) == "false":  # type: ignore[attr-defined]
             return False
         return flt is None or flt.matches(w)  # type: ignore[arg-type]
 

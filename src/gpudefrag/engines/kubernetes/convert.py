@@ -279,6 +279,21 @@ def _ann_float(ann: Mapping[str, str], key: str, at: At) -> float | None:
         raise holder.error(f"expected a number, got {v!r}", ANN + key) from None
 
 
+MOVABLE_LABEL = "gpudefrag.io/movable"
+MOVABLE_OWNERS = (None, "ReplicaSet")  # what moves.py knows how to replace (bare pods, ReplicaSet pods)
+
+
+def _workload_labels(meta: At) -> dict[str, str]:
+    """The pod's labels, plus `gpudefrag.io/movable: "false"` when its owner is one moves.py refuses (Job,
+    StatefulSet, DaemonSet, operators), so a policy's `exclude_labels` keeps the planner off it. A pod may set
+    the label itself to opt out."""
+    labels = meta.str_map("labels")
+    owner = _owner(meta)
+    if owner is not None and owner.kind not in MOVABLE_OWNERS:
+        return {**labels, MOVABLE_LABEL: "false"}
+    return labels
+
+
 class _Builder:
     def __init__(self, objs: KubeObjects, strict: bool) -> None:
         self.objs = objs
@@ -430,7 +445,7 @@ def self_pod(
     )
     wid = f"{ns}/{name}"
     ann = meta.str_map("annotations")
-    labels = meta.str_map("labels")
+    labels = _workload_labels(meta)
     placements: tuple[Placement, ...] = ()
     versions = Versions(engine=ann.get(ANN + "engine"), model=ann.get(ANN + "model"),
                         checkpointer=ann.get(ANN + "checkpointer"))
@@ -500,7 +515,7 @@ def _cpu_pod(
         name=name,
         namespace=ns,
         priority=spec.integer("priority", 0) or 0,
-        labels=meta.str_map("labels"),
+        labels=_workload_labels(meta),
         placements=(Placement(node_name, ()),),
         submitted_at=None if created == float("inf") else created,
     )
@@ -532,10 +547,9 @@ def _quota(at: At) -> Quota | None:
     meta = at.obj("metadata", required=True)
     hard, used = at.obj("spec").obj("hard"), at.obj("status").obj("used")
     for k in QUOTA_KEYS:
-        if k in hard.value:
-            limit = hard.count(k)
-            assert limit is not None
-            return Quota(meta.text("namespace") or "default", limit, used.count(k) if k in used.value else None)
+        limit = hard.count(k)
+        if limit is not None:
+            return Quota(meta.text("namespace") or "default", limit, used.count(k))
     return None
 
 

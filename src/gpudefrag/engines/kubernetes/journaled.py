@@ -32,8 +32,13 @@ class JournaledMoves:
         self.journal = journal
 
     def run(self, seq: MoveSequence, versions: Any = None, *, reason: str = "") -> tuple[Migration, MoveResult]:
-        m = self.journal.create(seq.workload_id, seq.source, seq.target, reason=reason,
-                                data={"engine": ENGINE, "move_id": seq.move_id, "sequence": seq.as_dict()})
+        m = self.journal.create(seq.workload_id, seq.source, seq.target, reason=reason, data={"engine": ENGINE})
+        return self.run_planned(m.id, seq, versions)
+
+    def run_planned(self, mid: int, seq: MoveSequence, versions: Any = None) -> tuple[Migration, MoveResult]:
+        """Run a sequence for a migration already journaled as PLANNED (the controller's `submit`)."""
+        m = self.journal.transition(mid, S.PLANNED, detail=f"sequence {seq.move_id} ({seq.strategy})",
+                                    data={"move_id": seq.move_id, "sequence": seq.as_dict()})
         if not seq.ok:
             return self.journal.transition(m.id, S.ABORTED, reason=seq.refused or ""), self.executor.run(seq)
         committing = [False]
