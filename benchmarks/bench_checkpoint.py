@@ -24,6 +24,7 @@ from gpudefrag.checkpoint import probe_job
 from gpudefrag.checkpoint.criu import CriuBackend, PageServer, du_bytes
 from gpudefrag.checkpoint.launch import spawn_job
 from gpudefrag.checkpoint.protocol import CheckpointError
+from gpudefrag.checkpoint.store import sha256_file
 
 AREA = "checkpoint"
 PLACES = {"disk": Path("/var/tmp/gpudefrag-bench"), "tmpfs": Path("/dev/shm/gpudefrag-bench")}
@@ -86,7 +87,7 @@ def _size_rows(be: CriuBackend, mb: int, place: str, root: Path, repeats: int) -
     work = Path(tempfile.mkdtemp(prefix=f"{mb}-", dir=root))
     probe = Probe(work, mb)
     rows: list[Row] = []
-    dumps, frozen, restores, dd_ws, dd_rs = [], [], [], [], []
+    dumps, frozen, restores, dd_ws, dd_rs, hashes = [], [], [], [], [], []
     ok, size, rss, pid = True, 0, 0, probe.job.pid
     try:
         rss = _rss_bytes(pid)
@@ -97,6 +98,11 @@ def _size_rows(be: CriuBackend, mb: int, place: str, root: Path, repeats: int) -
             if i == 0:
                 probe.job.reap()
             size = du_bytes(img)
+            t0 = time.perf_counter()
+            for f in img.rglob("*"):
+                if f.is_file():
+                    sha256_file(f)
+            hashes.append(time.perf_counter() - t0)
             dd_ws.append(_dd("/dev/zero", str(work / "dd.bin"), size))
             t0 = time.perf_counter()
             rr = be.restore(img, info=res.extra)
@@ -129,6 +135,8 @@ def _size_rows(be: CriuBackend, mb: int, place: str, root: Path, repeats: int) -
             baseline="dd of=/dev/null of a same-size file (page cache), same place",
             note="restore also allocates and fills every page; dd to /dev/null does not"),
         Row(AREA, f"image/RSS {tag}", size / rss, "ratio", note=f"RSS {rss / 2**20:.0f} MiB"),
+        Row(AREA, f"verify SHA-256 {tag}", _median(hashes), "s", note=f"{gb / _median(hashes):.2f} GB/s; the store "
+            "hashes every image at commit and again before a restore"),
     ]
     return rows
 

@@ -122,7 +122,10 @@ class CudaBackend(CriuBackend):
             self._ok(err, "cuDeviceGetName")
             err, uuid = d.cuDeviceGetUuid(dev)
             self._ok(err, "cuDeviceGetUuid")
-            out[format_uuid(bytes(uuid.bytes)[:16])] = name.split(b"\0", 1)[0].decode()
+            raw = uuid.bytes  # bytes in current cuda-bindings; some releases gave a latin-1 str
+            raw = raw.encode("latin-1") if isinstance(raw, str) else bytes(raw)
+            label = name if isinstance(name, str) else name.split(b"\0", 1)[0].decode(errors="replace")
+            out[format_uuid(raw[:16])] = label.split("\0", 1)[0]
         return out
 
     def gpu_versions(self) -> Versions:
