@@ -64,7 +64,7 @@ def run_job(log_path: str, gib: float, seed: int) -> int:
     return 0
 
 
-def check_one(gib: float, work: Path, leave_running: bool) -> dict[str, object]:
+def check_one(gib: float, work: Path, leave_running: bool, pidns: bool = True) -> dict[str, object]:
     from gpudefrag.checkpoint import probe_job
     from gpudefrag.checkpoint.cuda import CudaBackend
     from gpudefrag.checkpoint.launch import spawn_job
@@ -76,7 +76,7 @@ def check_one(gib: float, work: Path, leave_running: bool) -> dict[str, object]:
     store = CheckpointStore(work / "store", work / "key", durable=False)
     log = work / f"gpu-{gib}-{int(leave_running)}.log"
     job = spawn_job([sys.executable, __file__, "--job", "--log", str(log), "--gib", str(gib)],
-                    stdout=work / f"gpu-{gib}.out", pidns=True)
+                    stdout=work / f"gpu-{gib}.out", pidns=pidns)
     pids = [job.pid]
     try:
         probe_job.wait_step(log, 2, timeout=300)
@@ -128,6 +128,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--work", default="/dev/shm/gpudefrag-gpu-check")
     ap.add_argument("--out", default="gpu-check.json")
+    ap.add_argument("--no-pidns", action="store_true", help="run the job in the host PID namespace (then a "
+                    "restore needs its old PID free)")
     a = ap.parse_args()
     if a.job:
         return run_job(a.log, float(a.gib), a.seed)
@@ -150,7 +152,7 @@ def main() -> int:
     rows = []
     for gib in [float(x) for x in a.gib.split(",")]:
         for leave in (False, True) if gib == float(a.gib.split(",")[0]) else (False,):
-            row = check_one(gib, work, leave)
+            row = check_one(gib, work, leave, pidns=not a.no_pidns)
             print(json.dumps(row), flush=True)
             rows.append(row)
     Path(a.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
