@@ -286,6 +286,9 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
             if trial.moves_left() < 1 or not _place(p, trial, wi, f2):
                 ok = False
                 reason = f"{p.label(wi)} fits on no other node"
+                refused = p.excluded_by_compat(wi, limit=1)
+                if refused:
+                    reason += f" (the compatibility gate refuses some: {refused[0]})"
                 if trial.moves_left() < 1:
                     reason = f"more than {p.opts.max_moves} moves needed"
                 break
