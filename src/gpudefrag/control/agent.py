@@ -159,7 +159,11 @@ class FileAgent:
         if jd.request(request_id).exists() or jd.response(request_id).exists():
             return
         write_json_durable(jd.request(request_id), {"id": request_id, "stop": stop, "at": time.time()})
-        if self.signal is not None:
+        status = read_json(jd.status) or {}
+        # USR2 kills a wrapper that has not installed its handler yet, so signal only a wrapper whose current
+        # start has reported (a stale status from before a requeue says "checkpointed" or "exited")
+        live = status.get("phase") in {RunPhase.STARTING, RunPhase.FRESH, RunPhase.RESTORED, RunPhase.COLD_STARTED}
+        if self.signal is not None and live:
             with contextlib.suppress(Exception):  # the file is the request; the signal only hurries it
                 self.signal(workload_id)
 
