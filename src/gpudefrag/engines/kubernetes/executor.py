@@ -288,9 +288,25 @@ class ClientKubeApi:
         self._call(lambda: self.core.delete_namespaced_pod(name, namespace))
 
     def kubelet_checkpoint(self, node: str, namespace: str, pod: str, container: str) -> list[str]:
+        """POST /api/v1/nodes/{node}/proxy/checkpoint/{ns}/{pod}/{container}: the kubelet's checkpoint API through
+        the API server's node proxy (the path is sent as is: a `path` parameter would be percent-encoded)."""
+        import json
+
         path = f"/api/v1/nodes/{node}/proxy/checkpoint/{namespace}/{pod}/{container}"
-        out = self._call(lambda: self.api.call_api(path, "POST", response_type="object", auth_settings=["BearerToken"],
-                                                   _return_http_data_only=True))
+
+        req = self.api.param_serialize("POST", path, header_params={"Accept": "application/json"},
+                                       auth_settings=["BearerToken"])
+        try:
+            resp = self.api.call_api(*req)
+            resp.read()
+        except Exception as e:  # connection errors
+            raise ApiError(0, str(e)) from None
+        if not 200 <= resp.status <= 299:
+            raise ApiError(resp.status, (resp.data or b"").decode("utf-8", "replace")[:200])
+        try:
+            out = json.loads(resp.data or b"{}")
+        except ValueError:
+            raise ApiError(resp.status, "the kubelet's answer is not JSON") from None
         return [str(x) for x in (out or {}).get("items", [])]
 
     def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None:
