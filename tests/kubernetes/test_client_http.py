@@ -63,6 +63,11 @@ class Api(BaseHTTPRequestHandler):
         p = u.path
         lists = {"/api/v1/nodes": "Node", "/api/v1/pods": "Pod", "/api/v1/resourcequotas": "ResourceQuota",
                  "/apis/policy/v1/poddisruptionbudgets": "PodDisruptionBudget"}
+        if method == "GET" and p == "/api/v1/pods" and q.get("fieldSelector"):
+            node = q["fieldSelector"][0].removeprefix("spec.nodeName=")
+            pods = _typed_list("Pod")
+            pods["items"] = [i for i in pods["items"] if i["spec"].get("nodeName") == node]
+            return self._send(200, pods)
         if method == "GET" and p in lists:
             return self._send(200, _typed_list(lists[p]))
         if method == "GET" and p == "/api/v1/events":
@@ -171,6 +176,13 @@ def test_checkpoint_failure_is_an_api_error(server) -> None:  # type: ignore[no-
     with pytest.raises(ApiError) as ei:
         ClientKubeApi(api).kubelet_checkpoint("gpu-node-1", "ml", "notebook-ana", "broken")
     assert ei.value.status == 500 and "checkpointing the container failed" in str(ei.value)
+
+
+def test_pods_on_node_by_field_selector(server) -> None:  # type: ignore[no-untyped-def]
+    api, handler = server
+    pods = ClientKubeApi(api).list_pods_on_node("gpu-node-3")
+    assert sorted(p["metadata"]["name"] for p in pods) == ["batch-infer-1", "batch-infer-2"]
+    assert handler.calls[-1][2]["fieldSelector"] == ["spec.nodeName=gpu-node-3"]
 
 
 def test_refused_eviction_is_429(server) -> None:  # type: ignore[no-untyped-def]

@@ -188,3 +188,14 @@ def test_move_ids_are_deterministic(frag_cluster: KubeCluster) -> None:
     assert build_move(frag_cluster, BARE).move_id == build_move(frag_cluster, BARE).move_id
     assert build_move(frag_cluster, BARE).move_id != build_move(
         frag_cluster, SimpleMove(BARE.workload_id, BARE.source, "gpu-node-2")).move_id
+
+
+def test_target_without_room_now_stops_at_verify(frag_cluster: KubeCluster) -> None:
+    """The planner saw room on the target; by the time the move runs another pod took it."""
+    seq = build_move(frag_cluster, RS)  # needs 2 GPUs; gpu-node-3 has 3 free in the dump
+    api = InMemoryApi(frag_cluster)
+    intruder = dict(api.pods[("ml", "batch-infer-2")], metadata={"name": "intruder", "namespace": "ml"})
+    api.pods[("ml", "intruder")] = intruder  # 2 more GPUs on gpu-node-3: 1 left
+    res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(seq)
+    assert not res.ok and "1 free GPU(s) now; the pod needs 2" in res.error
+    assert all(v == "GET" for v, _ in api.calls)

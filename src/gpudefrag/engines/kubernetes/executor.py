@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from ...core.compat import CompatRule, describe
 from .access import At
-from .convert import _node, _pdb
+from .convert import GPU, _node, _pdb, _resources
 from .dra import DraInventory
 from .moves import ANN_CKPT_DONE, MoveSequence, Op, OpKind, pdb_after_replacement
 
@@ -32,6 +32,7 @@ class ApiError(Exception):
 class KubeApi(Protocol):
     def read_node(self, name: str) -> dict[str, Any]: ...
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]: ...
     def read_pdb(self, namespace: str, name: str) -> dict[str, Any]: ...
     def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
@@ -163,6 +164,16 @@ class Executor:
                 raise StepFailed(f"timed out after {timeout:g} s waiting for {what}")
             self.sleep(self.poll_s)
 
+    def _gpus_in_use(self, node: str) -> int:
+        """GPUs requested by the pods bound to `node` that have not finished (what the scheduler counts)."""
+        used = 0
+        for i, pod in enumerate(self.api.list_pods_on_node(node)):
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            res = _resources(At(pod, "cluster", f"pods on {node}[{i}]").obj("spec"))
+            used += int(res.get(GPU, 0))
+        return used
+
     def _do(self, op: Op, archives: dict[str, str], versions: Any, recovering: bool = False) -> str:
         p, api = op.params, self.api
         k = op.kind
@@ -175,7 +186,12 @@ class Executor:
                 bad = describe(versions, node, self.compat)
                 if bad:
                     raise StepFailed("incompatible: " + "; ".join(bad))
-            return f"{node.name}: {node.gpu_model} driver {node.driver_version} cuda {node.cuda_version}"
+            need = int(p.get("gpus", 0))
+            free = node.usable_gpus - self._gpus_in_use(node.name)
+            if free < need:
+                raise StepFailed(f"node {node.name} has {free} free GPU(s) now; the pod needs {need}")
+            return (f"{node.name}: {node.gpu_model} driver {node.driver_version} cuda {node.cuda_version}, "
+                    f"{free} GPU(s) free")
         if k is OpKind.CHECK_PDB:
             pdb = _pdb(At(api.read_pdb(p["namespace"], p["name"]), "cluster", f"pdb {p['name']}"))
             allowed, why = pdb_after_replacement(pdb)
@@ -271,6 +287,10 @@ class ClientKubeApi:
             if e.status == 404:
                 return None
             raise
+
+    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        pods = self._call(lambda: self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}"))
+        return [self._dict(p) for p in pods.items]
 
     def read_pdb(self, namespace: str, name: str) -> dict[str, Any]:
         return self._dict(self._call(lambda: self.policy.read_namespaced_pod_disruption_budget(name, namespace)))

@@ -72,7 +72,23 @@ class InMemoryApi:
                                      "message": "container restore from checkpoint failed"}
                 else:
                     pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+                    pod["spec"]["nodeName"] = self._pinned(pod)
         return copy.deepcopy(pod)
+
+    @staticmethod
+    def _pinned(pod: dict[str, Any]) -> str | None:
+        """The scheduler's choice for a pod pinned by required affinity on kubernetes.io/hostname."""
+        req = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution") or {}
+        for t in req.get("nodeSelectorTerms") or []:
+            for e in t.get("matchExpressions") or []:
+                if e.get("key") == "kubernetes.io/hostname" and e.get("operator") == "In" and e.get("values"):
+                    return str(e["values"][0])
+        return None
+
+    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        self._log("GET", f"/api/v1/pods?fieldSelector=spec.nodeName={node}")
+        return [copy.deepcopy(p) for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == node]
 
     def read_pdb(self, namespace: str, name: str) -> dict[str, Any]:
         self._log("GET", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}")

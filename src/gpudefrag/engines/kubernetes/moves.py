@@ -284,7 +284,8 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
     repl = f"{pod[:46]}-mv-{mid[:6]}"
     ops: list[Op] = [Op(OpKind.VERIFY_TARGET, "GET", f"/api/v1/nodes/{move.target}",
                         detail=f"target {move.target} exists, schedulable, compatible labels",
-                        params={"node": move.target, "workload": wid})]
+                        params={"node": move.target, "workload": wid,
+                                "gpus": state.workload(wid).request.gpus_per_node})]
     ops += [Op(OpKind.CHECK_PDB, "GET", f"/apis/policy/v1/namespaces/{p.namespace}/poddisruptionbudgets/{p.name}",
                detail=f"PDB {p.key} will allow the eviction once the replacement is Ready",
                params={"namespace": p.namespace, "name": p.name}) for p in pdbs]
