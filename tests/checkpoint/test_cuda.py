@@ -77,3 +77,14 @@ def test_process_tree_finds_descendants() -> None:
         for pid in cuda.process_tree(p.pid)[::-1]:
             subprocess.run(["kill", "-9", str(pid)])
         p.wait()
+
+
+def test_every_backend_implements_the_protocol() -> None:
+    from gpudefrag.checkpoint.app_hook import AppHookBackend
+    from gpudefrag.checkpoint.criu import CriuBackend
+    from gpudefrag.checkpoint.protocol import CheckpointBackend
+
+    assert isinstance(AppHookBackend(), CheckpointBackend)
+    for cls in (CriuBackend, cuda.CudaBackend):  # instantiating needs criu / a GPU: check the class
+        assert all(callable(getattr(cls, m, None)) for m in ("checkpoint", "restore", "version"))
+    assert issubclass(cuda.CudaBackend, CriuBackend)
