@@ -360,7 +360,7 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
     infos: dict[str, PodInfo] = {}
     owners_pending: set[tuple[str, str, str]] = set()
     for created, _, at, meta in parsed:
-        w, info = self_pod(b, at, meta, created, by_name, dra, latest)
+        w, info = _pod(b, at, meta, created, by_name, dra, latest)
         if w is None or info is None:
             continue
         if w.id in infos:
@@ -403,7 +403,7 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
                        tuple(at.value for at in objs.pdbs))
 
 
-def self_pod(
+def _pod(
     b: _Builder, at: At, meta: At, created: float, nodes: Mapping[str, Node], dra: DraInventory,
     latest: Mapping[tuple[str, str, str], EventInfo],
 ) -> tuple[Workload | None, PodInfo | None]:
