@@ -181,3 +181,16 @@ def test_pods_gpudefrag_cannot_move_are_labelled(frag_cluster) -> None:  # type:
     assert flags["ml/notebook-ana"] is None and flags["ml/web-embed-7d9c5b6f4-abcde"] is None  # bare, ReplicaSet
     # the pod's own labels (used for the replacement) are untouched
     assert "gpudefrag.io/movable" not in frag_cluster.pods["ml/finetune-0"].labels
+
+
+def test_mig_single_strategy_is_seen_as_the_scheduler_sees_it() -> None:
+    """With GFD's 'single' MIG strategy every slice is advertised as one `nvidia.com/gpu` and the product label
+    names the profile: gpudefrag counts what the scheduler counts, and only same-profile nodes are compatible."""
+    doc = fixture_doc("oversize")
+    node = doc["items"][0]
+    for key in ("capacity", "allocatable"):
+        node["status"][key]["nvidia.com/gpu"] = "56"
+    node["metadata"]["labels"].update({"nvidia.com/mig.strategy": "single", "nvidia.com/gpu.count": "56",
+                                       "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"})
+    n = to_cluster(objects_from_documents([("x", doc)], "x")).state.node("gpu-node-0")
+    assert (n.gpu_count, n.usable_gpus, n.gpu_model) == (56, 56, "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
