@@ -133,3 +133,26 @@ def test_dump_without_nodes_is_an_error(tmp_path: Path) -> None:
                              "items": [i for i in DOC["items"] if i["kind"] == "Pod"]}))
     with pytest.raises(InputError, match="no Node objects"):
         load_dump(f)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(
+                        ["kind", "items", "apiVersion", "metadata", "spec", "status", "name", "x"]), c, max_size=4),
+                    max_leaves=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(doc=JSON, as_folder=st.booleans())
+def test_arbitrary_documents_give_one_named_error(doc: Any, as_folder: bool) -> None:
+    """Any JSON at all, as a file or as one file of a folder beside a valid dump: never a traceback."""
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        f = root / "b.json"
+        f.write_text(json.dumps(doc))
+        if as_folder:
+            (root / "a.json").write_text(json.dumps(DOC))
+        try:
+            load_dump(root if as_folder else f)
+        except InputError as e:
+            assert e.source in (str(f), str(root))
+            assert e.where
