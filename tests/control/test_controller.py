@@ -89,3 +89,16 @@ def test_explicit_request_frees_a_whole_node(state, tmp_path: Path) -> None:
     r = c.cycle()
     assert any(d.kind == "trigger" and "explicit request" in d.reason for d in r.decisions)
     assert len(j.active()) == 2
+
+
+def test_repeated_decisions_are_journaled_once(state, tmp_path: Path) -> None:
+    sim, c, j = setup(state, tmp_path, POLICY)
+    sim.now = 1000.0
+    c.cycle()  # trigger, plan, submit
+    n = len(j.events(1000))
+    assert n >= 3
+    for _ in range(3):  # nothing new happens without time passing: the same decisions repeat
+        c.cycle()
+    assert len(j.events(1000)) <= n + 2  # at most the "already in flight" skip, once
+    kinds = [e["kind"] for e in j.events(1000)]
+    assert kinds.count("skip") <= 1

@@ -59,13 +59,18 @@ def stop(p: subprocess.Popen[str]) -> str:
 
 def test_heartbeat_checkpoints_keep_the_workload_running(env: dict[str, str], tmp_path: Path) -> None:
     log = tmp_path / "hb.log"
-    p = start(env, "hb", log, "--heartbeat-every", "1")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("action:\n  heartbeat: {every_s: 1, keep: 3}\n")  # the schedule comes from the policy
+    p = start(env, "hb", log, "--policy", str(policy))
     try:
         store = CheckpointStore(Path(env["GPUDEFRAG_STORE"]), Path(env["GPUDEFRAG_KEY"]))
         wait(lambda: len(store.list("hb")) >= 2)
         n = len(steps(log))
         wait(lambda: len(steps(log)) >= n + 5)
         assert all(store.verify(r["id"]).ok for r in store.list("hb"))
+        wait(lambda: len(store.list("hb")) >= 3)
+        time.sleep(2.5)  # two more heartbeats: retention keeps the newest 3
+        assert 3 <= len(store.list("hb")) <= 4  # (4 while one is being written)
         s = steps(log)
         assert s == list(range(1, len(s) + 1))  # leave-running dumps: nothing lost, nothing repeated
     finally:

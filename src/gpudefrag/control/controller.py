@@ -80,6 +80,7 @@ class Controller:
         self.request_file = request_file
         self._requested = False
         self._last_cron: float | None = None
+        self._last_keys: set[tuple[str, str, str]] = set()
 
     def request(self) -> None:
         """An explicit request (CLI/API): the next cycle evaluates the policy as if a trigger fired."""
@@ -136,10 +137,19 @@ class Controller:
         report = CycleReport(now, len(state.nodes), len(state.running), len(state.pending), decisions, plans,
                              len(self.executor.active()) if self.executor is not None else 0,
                              time.perf_counter() - t0, self.dry_run)
+        # log and journal a decision when it is new, not every cycle it repeats (a job pending for an hour would
+        # otherwise write "trigger ... / skip: in flight" every few seconds)
+        keys = set()
         for d in decisions:
+            key = (d.kind, str(d.detail.get("workload") or d.detail.get("migration") or d.reason),
+                   str(d.detail.get("state", "")))
+            keys.add(key)
+            if key in self._last_keys:
+                continue
             self.log(f"{d.kind}: {d.reason}")
             if self.executor is not None and not self.dry_run and d.kind != "progress":
                 self.executor.journal.event(d.kind, d.as_dict())
+        self._last_keys = keys
         return report
 
     def _in_flight_for(self) -> set[str]:
