@@ -102,3 +102,30 @@ def test_repeated_decisions_are_journaled_once(state, tmp_path: Path) -> None:
     assert len(j.events(1000)) <= n + 2  # at most the "already in flight" skip, once
     kinds = [e["kind"] for e in j.events(1000)]
     assert kinds.count("skip") <= 1
+
+
+def test_fragmentation_threshold_trigger(state, tmp_path: Path) -> None:
+    from gpudefrag.core.fragmentation import frag_report
+
+    ratio = frag_report(state).fgd_ratio
+    assert 0 < ratio < 1
+    _, low, j = setup(state, tmp_path / "lo", {"trigger": {"pending": None, "fragmentation_above": ratio / 2},
+                                               "budgets": {"max_concurrent": 4, "max_per_node": 2}})
+    r = low.cycle()
+    assert any(d.kind == "trigger" and "fragmentation" in d.reason and "whole node" in d.reason
+               for d in r.decisions)
+    assert r.plans[0].feasible and len(j.active()) == len(r.plans[0].moves)
+    _, high, j2 = setup(state, tmp_path / "hi", {"trigger": {"pending": None, "fragmentation_above": 0.99}})
+    assert not any(d.kind == "trigger" for d in high.cycle().decisions) and j2.all() == []
+
+
+def test_cron_trigger_fires_after_its_time(state, tmp_path: Path) -> None:
+    sim, c, j = setup(state, tmp_path, {"trigger": {"pending": None, "cron": "*/5 * * * *"},
+                                        "budgets": {"max_concurrent": 4, "max_per_node": 2}})
+    sim.now = 0.0
+    assert not any(d.kind == "trigger" for d in c.cycle().decisions)  # arms the schedule
+    sim.now = 100.0
+    assert not any(d.kind == "trigger" for d in c.cycle().decisions)  # next fire time 300 s not reached
+    sim.now = 301.0
+    r = c.cycle()
+    assert any(d.kind == "trigger" and "cron" in d.reason for d in r.decisions) and j.active()
