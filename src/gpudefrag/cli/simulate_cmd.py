@@ -98,7 +98,7 @@ def static(
     from ..sim.bound import arrived_prefix, lower_bound
     from ..sim.experiments import author_curves, run_many, static_runs
     from ..sim.replay import build_workload
-    from ..sim.report import staged_folder, static_table_markdown, write_static
+    from ..sim.report import POINTS, staged_folder, write_static
     from ..sim.trace import load_trace
 
     pols = _split(policies, list(POLICIES), "--policies")
@@ -127,7 +127,13 @@ def static(
     if json_out:
         emit_json(_clean({"out": str(out), "summary": summary, "bounds": [b.as_dict() for b in bounds]}))
         return
-    console.print(static_table_markdown(summary))
+    t = Table("policy", *(f"{k} %" for k in POINTS), "authors @100", "max |Δ| 75–130", "moves/pod",
+              title="Median unallocated GPU % by arrived workload")
+    for row in summary:
+        t.add_row(str(row["policy"]), *(f"{float(row[f'unalloc_{k}']):.2f}" for k in POINTS),  # type: ignore[arg-type]
+                  f"{float(row['authors_100']):.2f}", f"{float(row['max_abs_diff_75_130']):.2f}",  # type: ignore[arg-type]
+                  f"{float(row['moves_per_placed_pod']):.4f}")  # type: ignore[arg-type]
+    console.print(t)
     if bounds:
         console.print(f"lower bound at 100 % arrived: {sum(b.unallocated_pct for b in bounds) / len(bounds):.2f} %")
     console.print(f"wrote {escape(str(out))}/report.md")
