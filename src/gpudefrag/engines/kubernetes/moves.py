@@ -248,22 +248,21 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
         return _refuse(wid, move, mid, mode, f"pod {wid} runs on {info.node!r}, not on {move.source!r}")
     if move.target == move.source:
         return _refuse(wid, move, mid, mode, "source and target are the same node")
-    kind = info.owner.kind if info.owner else None
-    if kind is None:
+    owner = info.owner
+    if owner is None:
         strategy = "bare-pod"
-    elif kind == "ReplicaSet":
+    elif owner.kind == "ReplicaSet":
         strategy = "replicaset"
-    elif kind == "Job":
-        return _refuse(wid, move, mid, mode, f"owned by Job {info.owner.name}: the Job controller would treat an "  # type: ignore[union-attr]
-                       "adopted replacement as surplus and could delete it; Job pods are not moved")
-    elif kind == "StatefulSet":
-        return _refuse(wid, move, mid, mode, f"owned by StatefulSet {info.owner.name}: its pod name cannot exist "  # type: ignore[union-attr]
-                       "twice, so no replacement can start before the original stops; not moved")
-    elif kind == "DaemonSet":
-        return _refuse(wid, move, mid, mode, "a DaemonSet pod belongs to its node; not moved")
     else:
-        return _refuse(wid, move, mid, mode, f"owned by {kind} {info.owner.name}: gpudefrag does not know how that "  # type: ignore[union-attr]
-                       "controller replaces pods; not moved")
+        why = {
+            "Job": f"owned by Job {owner.name}: the Job controller would treat an adopted replacement as surplus "
+                   "and could delete it; Job pods are not moved",
+            "StatefulSet": f"owned by StatefulSet {owner.name}: its pod name cannot exist twice, so no replacement "
+                           "can start before the original stops; not moved",
+            "DaemonSet": "a DaemonSet pod belongs to its node; not moved",
+        }.get(owner.kind, f"owned by {owner.kind} {owner.name}: gpudefrag does not know how that controller "
+                          "replaces pods; not moved")
+        return _refuse(wid, move, mid, mode, why)
     # compatibility of the target node, before anything is touched
     state = cluster.state
     if move.target not in state.node_index:
@@ -325,7 +324,7 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
                       params={"namespace": ns, "pod": pod}))
         ops.append(Op(OpKind.ADOPT_REPLACEMENT, "PATCH", _pod_path(ns, repl),
                       body={"metadata": {"labels": {"pod-template-hash": hash_}}},
-                      detail=f"let ReplicaSet {info.owner.name} adopt {repl}",  # type: ignore[union-attr]
+                      detail=f"let ReplicaSet {owner.name if owner else '?'} adopt {repl}",
                       params={"namespace": ns, "pod": repl}, irreversible=True))
     ops.append(Op(OpKind.EVICT_ORIGINAL, "POST", _pod_path(ns, pod, "eviction"),
                   body={"apiVersion": "policy/v1", "kind": "Eviction",
