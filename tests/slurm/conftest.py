@@ -221,6 +221,7 @@ def controller_cmd(c: Cluster, policy: Path, journal: Path, *extra: str, store: 
 
 # the tests reach these through the fixture (test modules cannot import conftest under --import-mode=importlib)
 Cluster.check_continuity = staticmethod(check_continuity)  # type: ignore[attr-defined]
+Cluster.read_log = staticmethod(read_log)  # type: ignore[attr-defined]
 Cluster.write_policy = staticmethod(write_policy)  # type: ignore[attr-defined]
 Cluster.workload_pids = staticmethod(workload_pids)  # type: ignore[attr-defined]
 Cluster.controller_cmd = controller_cmd  # type: ignore[attr-defined]
