@@ -213,3 +213,18 @@ def test_request_that_fits_now_needs_no_moves(pb):
     # best fit: a has exactly the 4 GPUs, b stays whole
     assert plan.feasible and not plan.moves and plan.target_node == "a" and plan.workload_id == "p"
     assert plan.total_cost_s == 0
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_multi_node_request_clears_two_distinct_nodes(pb, solver):
+    # a 2 × 8-GPU job: a and b are the two cheapest to clear (tiny jobs), c and d take them
+    state = pb.build(
+        [pb.node("a"), pb.node("b"), pb.node("c"), pb.node("d")],
+        [pb.job("a1", 2, "a", gib=1), pb.job("b1", 2, "b", gib=2), pb.job("c1", 4, "c", gib=300),
+         pb.job("d1", 4, "d", gib=300)],
+    )
+    plan = plan_moves(state, Request(8, node_count=2), PlanOptions(solver=solver))
+    check_plan(state, plan, solver)
+    assert sorted(p.node for p in plan.placements) == ["a", "b"]
+    assert set(moved(plan)) == {"a1", "b1"}
+    assert all(m.target in ("c", "d") for m in plan.moves)

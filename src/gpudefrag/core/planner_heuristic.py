@@ -80,7 +80,8 @@ def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("i
     return float("inf")
 
 
-def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.ndarray:
+def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray,
+                 scores: np.ndarray | None = None) -> np.ndarray:
     """Per node, a lower bound on the score of clearing room for `part` there (inf: impossible or not allowed).
 
     Each GPU that must be freed needs at least one workload moved: a whole-GPU workload frees its GPUs at
@@ -96,7 +97,7 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.
         single[list(work.moved)] = False
     src = p.src[single]
     gpus = p.gpus[single]
-    score = p.score[single]
+    score = (p.score if scores is None else scores)[single]
     ratio = np.where((p.milli[single] >= MILLI) & (gpus > 0), score / np.maximum(gpus, 1), score)
     min_ratio = np.full(n, np.inf)
     np.minimum.at(min_ratio, src, ratio)
@@ -273,27 +274,33 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
         if not fits_rows(row[None, :], np.array([cpu]), np.array([mem]), part.gpus, part.milli, part.cpu, part.mem)[0]:
             continue
         attempts += 1
-        trial = work.clone()
-        for wi in chosen:
-            trial.release(wi)
-        gp = pick_gpus(trial.free[i], part.gpus, part.milli)
-        assert gp is not None
-        trial.reserve(part, i, gp)
         f2 = forbid.copy()
         f2[i] = True
-        ok = True
-        for wi in sorted(chosen, key=lambda w: (-p.gpus[w], -p.milli[w], -p.cpu[w], w)):
-            if trial.moves_left() < 1 or not _place(p, trial, wi, f2):
-                ok = False
-                reason = f"{p.label(wi)} fits on no other node"
-                refused = p.excluded_by_compat(wi, limit=1)
-                if refused:
-                    reason += f" (the compatibility gate refuses some: {refused[0]})"
-                if trial.moves_left() < 1:
-                    reason = f"more than {p.opts.max_moves} moves needed"
+        decreasing = sorted(chosen, key=lambda w: (-p.gpus[w], -p.milli[w], -p.cpu[w], w))
+        # best-fit decreasing first; if a displaced workload is left without room, the reverse order (small
+        # ones first, so the big one's chain does not take the room they needed)
+        for order in (decreasing, decreasing[::-1]):
+            trial = work.clone()
+            for wi in chosen:
+                trial.release(wi)
+            gp = pick_gpus(trial.free[i], part.gpus, part.milli)
+            assert gp is not None
+            trial.reserve(part, i, gp)
+            ok = True
+            for wi in order:
+                if trial.moves_left() < 1 or not _place(p, trial, wi, f2):
+                    ok = False
+                    reason = f"{p.label(wi)} fits on no other node"
+                    refused = p.excluded_by_compat(wi, limit=1)
+                    if refused:
+                        reason += f" (the compatibility gate refuses some: {refused[0]})"
+                    if trial.moves_left() < 1:
+                        reason = f"more than {p.opts.max_moves} moves needed"
+                    break
+            if ok and (best is None or trial.score < best.score - 1e-9):
+                best = trial
+            if ok or len(order) < 2:
                 break
-        if ok and (best is None or trial.score < best.score - 1e-9):
-            best = trial
     if best is not None:
         return best, ""
     if not items:
