@@ -217,8 +217,9 @@ def _plan_parts(state: ClusterState, requests: list[Request], opts: PlanOptions)
         return [exact_plan]
     if heur.work is None:
         if exact_plan is not None and not exact_plan.feasible:  # proven: keep the heuristic's specific reason
-            return [_infeasible(request, f"{heur.reason} (no plan within the move budgets exists: proven by the "
-                                "exact solver)", "exact", heur.notes)]
+            proof = " (no plan within the move budgets exists: proven by the exact solver)"
+            reason = heur.reason + (proof if heur.reason.startswith("no node can be cleared") else "")
+            return [_infeasible(request, reason, "exact", heur.notes)]
         return [_infeasible(request, heur.reason, "heuristic", heur.notes)]
     return [plan_from_work(p, heur.work, request, "heuristic", False, heur.notes)]
 
