@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -26,6 +27,12 @@ def join(path: str, key: str | int) -> str:
     if _IDENT.match(key):
         return f"{path}.{key}" if path else key
     return f'{path}["{key}"]'
+
+
+@lru_cache(maxsize=4096)
+def _parse_quantity(v: str) -> Decimal:
+    """Quantities repeat across thousands of pods ("8", "64Gi", "100m"): parse each spelling once."""
+    return parse_quantity(v)
 
 
 def _tname(v: object) -> str:
@@ -156,7 +163,7 @@ class At:
         if isinstance(v, bool) or not isinstance(v, str | int | float):
             raise self.error(f"expected a quantity, got {_tname(v)}", key)
         try:
-            q = parse_quantity(v)
+            q = _parse_quantity(v) if type(v) is str else parse_quantity(v)
         except (ValueError, InvalidOperation, TypeError):
             raise self.error(f"expected a quantity (e.g. 8, 500m, 16Gi), got {v!r}", key) from None
         if not q.is_finite() or q < 0:
