@@ -61,7 +61,7 @@ def test_infeasible_plan_exits_1_with_the_reason(tmp_path, capsys, pb):
 def test_hypothetical_request_and_max_moves(demo_file, capsys, pb):
     code, out, _ = pb.cli(["plan", str(demo_file), "--gpus", "8", "--max-moves", "1", "--json"], capsys)
     assert code == 1  # every node needs at least two moves to be cleared
-    assert "no set of at most 1 of its workloads makes room" in json.loads(out)["plan"]["reason"]
+    assert "no set of at most 1 of its movable workloads makes room" in json.loads(out)["plan"]["reason"]
     code, out, _ = pb.cli(["plan", str(demo_file), "--gpus", "1", "--share", "500", "--json"], capsys)
     assert code == 0 and json.loads(out)["plan"]["moves"] == []
 

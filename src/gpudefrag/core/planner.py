@@ -18,7 +18,7 @@ from .cost import AltCost
 from .fragmentation import eligible_mask
 from .model import MILLI, ClusterState, Placement, Request, Workload, WorkloadState
 from .planner_heuristic import solve as solve_heuristic
-from .planner_problem import Part, Problem, Work, parts_of
+from .planner_problem import RESERVATION_LABEL, Part, Problem, Work, parts_of
 from .planner_types import Move, Plan, PlanOptions, Solver
 
 __all__ = [
@@ -94,7 +94,7 @@ def replay(
 def with_reservation(state: ClusterState, rid: str, request: Request, placements: Sequence[Placement]) -> ClusterState:
     """The state with a request placed (as a running workload named `rid`), for planning the next request."""
     res = Workload(id=rid, request=request, state=WorkloadState.RUNNING, placements=tuple(placements),
-                   labels={"gpudefrag.io/reservation": "true"})
+                   labels={RESERVATION_LABEL: "true"})
     if rid in state.workload_index:  # the pending workload itself: it starts running there
         old = state.workload(rid)
         res = dataclasses.replace(old, state=WorkloadState.RUNNING, placements=tuple(placements))
@@ -246,7 +246,7 @@ def plan_all_pending(state: ClusterState, options: PlanOptions | None = None, k:
     base_filter = opts.movable
     for w in pending:
         def movable(x: Workload, _f=base_filter) -> bool:
-            if x.id in moved or x.labels.get("gpudefrag.io/reservation") == "true":
+            if x.id in moved or x.labels.get(RESERVATION_LABEL) == "true":
                 return False
             return _f is None or _f(x)
 

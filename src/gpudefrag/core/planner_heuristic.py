@@ -347,7 +347,8 @@ def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) 
         if rb >= bar:
             if not np.isfinite(rb):
                 reasons.append(f"{p.name(i)}: no set of at most "
-                               f"{min(work.moves_left(), p.opts.max_moves_per_node)} of its workloads makes room")
+                               f"{min(work.moves_left(), p.opts.max_moves_per_node)} of its movable workloads "
+                               "makes room")
             continue  # even its cheapest way to make room costs more than the best plan so far
         cleared += 1
         trial, why = clear_node(p, work, part, i, forbid)

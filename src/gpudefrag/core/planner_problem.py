@@ -19,6 +19,7 @@ from .model import MILLI, ClusterState, Placement, Request, Workload
 from .planner_types import PlanOptions
 
 BIG = np.iinfo(np.int64).max // 4
+RESERVATION_LABEL = "gpudefrag.io/reservation"  # marks a request placed by an earlier plan of plan_all_pending
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ class Problem:
         reason: str | None = None
         if self.multi[wi]:
             reason = "multi-node workload (never moved)"
+        elif w.labels.get(RESERVATION_LABEL) == "true":
+            reason = "room reserved for an earlier pending request"
         elif self.opts.movable is not None and not self.opts.movable(w):
             reason = "excluded by the policy filter"
         self._movable[wi] = reason
