@@ -194,3 +194,13 @@ def test_mig_single_strategy_is_seen_as_the_scheduler_sees_it() -> None:
                                        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"})
     n = to_cluster(objects_from_documents([("x", doc)], "x")).state.node("gpu-node-0")
     assert (n.gpu_count, n.usable_gpus, n.gpu_model) == (56, 56, "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
+
+
+def test_unmodelled_affinity_is_reported() -> None:
+    doc = fixture_doc("oversize")
+    pod = next(i for i in doc["items"] if i["kind"] == "Pod" and i["metadata"]["name"] == "train-16g")
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}]}}}
+    c = to_cluster(objects_from_documents([("x", doc)], "x"))
+    assert any("ml/train-16g" in w and "does not model" in w for w in c.warnings)
+    assert not load_dump(fixture_path("oversize")).warnings

@@ -433,6 +433,10 @@ def _pod(
     if node_name and not gpus and not mig:
         return _cpu_pod(b, at, meta, spec, name, ns, phase, node_name, nodes, cpu, mem, created)
     sel = node_selection(spec)
+    if sel.other_terms and not node_name:
+        b.warnings.append(f"{at.source}: {spec.path}.affinity: pod {ns}/{name} has {sel.other_terms} required "
+                          "node-affinity expression(s) the diagnosis does not model (only nodeSelector, In on "
+                          "nvidia.com/gpu.product, single-value In); it ignores them")
     request = Request(
         gpus_per_node=gpus,
         gpu_milli=MILLI,
