@@ -1,10 +1,11 @@
 """The defrag planner: the cheapest moves that let a pending request be placed, and a replay that proves them.
 
-`plan_moves` tries the fast heuristic first, then (solver "auto" on small and medium clusters, or "exact") the
-exact CP-SAT model with the heuristic's plan as a hint; the exact plan is used whenever the solver finds one in
-its time budget, and the plan says which solver produced it and whether it is proven optimal. Every plan is
-replayed move by move through `apply_moves` before it is returned, so a plan that exceeds any capacity at any
-step is never handed out. Pure: no clocks, no I/O.
+`plan_moves` runs the fast heuristic (planner_heuristic), then (solver "auto" when the model is small enough,
+or "exact") the exact search (planner_exact: lower bounds per target node, CP-SAT where they do not settle
+it), starting from the heuristic's plan; the exact plan is used whenever it is found within the time budget, and
+the plan says which solver produced it and whether it is proven optimal. Every plan is replayed move by move
+(`replay`) before it is returned, so a plan that exceeds any capacity at any step is never handed out.
+Pure: no clocks, no I/O.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ __all__ = [
     "Solver",
     "apply_moves",
     "fits_after",
+    "placements_state",
     "plan_all_pending",
     "plan_for",
     "plan_moves",
+    "replay",
+    "with_reservation",
 ]
 
 
@@ -258,11 +262,6 @@ def plan_all_pending(state: ClusterState, options: PlanOptions | None = None, k:
             moved.update(m.workload_id for m in plan.moves)
             current = with_reservation(current, f"reserved:{w.id}", w.request, plan.placements)
     return plans
-
-
-def gpu_free_after(state: ClusterState, plan: Plan) -> np.ndarray:
-    """Free milli-GPU per node and GPU after the plan's moves (the request not yet placed)."""
-    return apply_moves(state, plan.moves).free_milli
 
 
 def placements_state(state: ClusterState, plan: Plan, rid: str = "request") -> ClusterState:
