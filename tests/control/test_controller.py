@@ -129,3 +129,22 @@ def test_cron_trigger_fires_after_its_time(state, tmp_path: Path) -> None:
     sim.now = 301.0
     r = c.cycle()
     assert any(d.kind == "trigger" and "cron" in d.reason for d in r.decisions) and j.active()
+
+
+def test_only_jobs_under_the_wrapper_are_planned_to_move(state, tmp_path: Path) -> None:
+    from gpudefrag.control.agent import FileAgent, JobDir, write_json_durable
+    from gpudefrag.control.controller import Controller
+
+    agent = FileAgent(tmp_path / "run", store=None)
+    assert not agent.has_wrapper("a1")
+    write_json_durable(JobDir(tmp_path / "run", "a1").status, {"phase": "fresh", "node": "node1"})
+    write_json_durable(JobDir(tmp_path / "run", "b1").status, {"phase": "checkpointed", "node": "node1"})
+    assert agent.has_wrapper("a1") and not agent.has_wrapper("b1")
+    sim = SimEngine(state)
+    pol = parse_policy(POLICY)
+    none = Controller(sim, pol, None, dry_run=True, clock=lambda: sim.now, can_checkpoint=lambda w: False)
+    assert not none.cycle().plans[0].feasible
+    some = Controller(sim, pol, None, dry_run=True, clock=lambda: sim.now,
+                      can_checkpoint=lambda w: w.id in {"a1", "b1", "a2", "b2"})
+    plan = some.cycle().plans[0]
+    assert plan.feasible and {m.workload_id for m in plan.moves} <= {"a1", "b1", "a2", "b2"}

@@ -7,7 +7,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -94,8 +96,18 @@ def controller(
         executor = Executor(eng, agent, j, ExecutorConfig.from_policy(pol), log=log)
         if executor.active():
             log(f"resuming {len(executor.active())} migration(s) from {j.path}")
+    can: Callable[[Any], bool] | None = None
+    if sim is None and run_dir is not None:  # only jobs running under `gpudefrag run` can answer a checkpoint
+        from ..control.agent import FileAgent as _FA
+
+        wrappers = _FA(run_dir, st)
+
+        def can(w: Any) -> bool:
+            return wrappers.has_wrapper(w.id)
+
     ctl = Controller(eng, pol, executor, dry_run=dry_run, log=log,
-                     enrich=enrich_from_store(st) if st is not None else None, request_file=request_file)
+                     enrich=enrich_from_store(st) if st is not None else None, request_file=request_file,
+                     can_checkpoint=can)
     if once:
         ctl.request()
 

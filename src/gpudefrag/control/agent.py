@@ -63,6 +63,9 @@ class RunStatus:
     at: float = 0.0
 
 
+_LIVE = frozenset({RunPhase.STARTING, RunPhase.FRESH, RunPhase.RESTORED, RunPhase.COLD_STARTED})
+
+
 @runtime_checkable
 class Agent(Protocol):
     def request_checkpoint(self, workload_id: str, request_id: str, *, stop: bool) -> None: ...
@@ -162,10 +165,15 @@ class FileAgent:
         status = read_json(jd.status) or {}
         # USR2 kills a wrapper that has not installed its handler yet, so signal only a wrapper whose current
         # start has reported (a stale status from before a requeue says "checkpointed" or "exited")
-        live = status.get("phase") in {RunPhase.STARTING, RunPhase.FRESH, RunPhase.RESTORED, RunPhase.COLD_STARTED}
-        if self.signal is not None and live:
+        if self.signal is not None and status.get("phase") in _LIVE:
             with contextlib.suppress(Exception):  # the file is the request; the signal only hurries it
                 self.signal(workload_id)
+
+    def has_wrapper(self, workload_id: str) -> bool:
+        """Does this job run under `gpudefrag run` (its current start reported a live phase)? Only such jobs can
+        answer a checkpoint request; the controller never plans to move the others."""
+        status = read_json(JobDir(self.run_dir, workload_id).status) or {}
+        return status.get("phase") in _LIVE
 
     def checkpoint_status(self, workload_id: str, request_id: str) -> CkptStatus:
         doc = read_json(JobDir(self.run_dir, workload_id).response(request_id))

@@ -67,7 +67,8 @@ class Controller:
     def __init__(self, engine: Engine, policy: Policy, executor: Executor | None, *, dry_run: bool = False,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None,
                  enrich: Callable[[ClusterState], ClusterState] | None = None,
-                 request_file: Path | None = None) -> None:
+                 request_file: Path | None = None,
+                 can_checkpoint: Callable[[Workload], bool] | None = None) -> None:
         if executor is None and not dry_run:
             raise ValueError("a controller that acts needs an executor")
         self.engine = engine
@@ -78,6 +79,7 @@ class Controller:
         self.log = log or (lambda _m: None)
         self.enrich = enrich
         self.request_file = request_file
+        self.can_checkpoint = can_checkpoint  # e.g. "runs under the wrapper": only such jobs can be moved
         self._requested = False
         self._last_cron: float | None = None
         self._last_keys: set[tuple[str, str, str]] = set()
@@ -231,8 +233,10 @@ class Controller:
     def plan(self, state: ClusterState, t: Target, busy: set[str]) -> Plan:
         flt = self.policy.filter
 
+        can = self.can_checkpoint
+
         def movable(w: Workload) -> bool:
-            return w.id not in busy and flt.matches(w)
+            return w.id not in busy and flt.matches(w) and (can is None or can(w))
 
         opts = PlanOptions(max_moves=self.policy.budgets.max_moves_per_plan, movable=movable,
                            time_limit_s=self.policy.planner_time_limit_s)
