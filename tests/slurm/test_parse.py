@@ -110,3 +110,25 @@ def test_pending_reasons_map_onto_causes(reason: str, cls: ReasonClass, cause: C
     assert classify(reason) == (cls, cause)
     assert map_reason(reason) == cause
     assert waits_for_resources(reason) == (cls is ReasonClass.CAPACITY)
+
+
+def test_v41_typed_multi_node_job() -> None:
+    """A 2-node job with typed GPUs, as 24.11 prints it (numbers wrapped, states as lists, `gres/` prefix)."""
+    def num(n: int) -> dict:  # type: ignore[type-arg]
+        return {"set": True, "infinite": False, "number": n}
+
+    nodes = parse_nodes({"sinfo": [
+        {"nodes": {"nodes": [f"gpu-00{i}"]}, "node": {"state": ["MIXED"]}, "gres": {"total": "gpu:a100:4(S:0)"},
+         "cpus": {"total": 32}, "partition": {"name": p}} for i in (5, 6) for p in ("gpu", "long")]})
+    assert [(n.name, n.gpu_count, n.gpu_model, n.partitions) for n in nodes] == [
+        ("gpu-005", 4, "a100", ("gpu", "long")), ("gpu-006", 4, "a100", ("gpu", "long"))]
+    job = {"job_id": 42, "job_state": ["RUNNING"], "nodes": "gpu-[005-006]", "node_count": num(2),
+           "tres_per_node": "gres/gpu:a100:2", "gres_detail": ["gpu:a100:2(IDX:0-1)", "gpu:a100:2(IDX:2-3)"],
+           "cpus": num(16), "priority": num(7), "partition": "gpu", "state_reason": "None",
+           "comment": {"job": "team=cv", "administrator": None, "system": None}}
+    (w,), (info,) = parse_jobs({"jobs": [job]}, nodes)
+    assert w.request.gpus_per_node == 2 and w.request.node_count == 2 and w.request.gpu_models == ("a100",)
+    assert [(p.node, p.gpus) for p in w.placements] == [("gpu-005", (0, 1)), ("gpu-006", (2, 3))]
+    assert w.priority == 7 and w.labels["team"] == "cv" and w.is_multi_node
+    assert info.phase is JobPhase.RUNNING and info.nodes == ("gpu-005", "gpu-006")
+    ClusterState.build(nodes, [w])
