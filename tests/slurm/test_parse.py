@@ -132,3 +132,83 @@ def test_v41_typed_multi_node_job() -> None:
     assert w.priority == 7 and w.labels["team"] == "cv" and w.is_multi_node
     assert info.phase is JobPhase.RUNNING and info.nodes == ("gpu-005", "gpu-006")
     ClusterState.build(nodes, [w])
+
+
+def _compress(ids: list[int]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+def _detail(j: dict) -> list[str]:  # type: ignore[type-arg]
+    return [] if j["pending"] or not j["gpus"] else [f"gpu:{j['gpus']}(IDX:{_compress(j['idx'])})"]
+
+
+@st.composite
+def slurm_clusters(draw):  # type: ignore[no-untyped-def]
+    """A random cluster and its jobs, with the facts both JSON dialects must carry."""
+    n = draw(st.integers(1, 5))
+    gpus = draw(st.sampled_from([2, 4, 8]))
+    free = {f"n{i}": list(range(gpus)) for i in range(1, n + 1)}
+    jobs = []
+    for k in range(draw(st.integers(0, 8))):
+        node = draw(st.sampled_from(sorted(free)))
+        want = draw(st.integers(0, gpus))
+        if want > len(free[node]) or draw(st.booleans()):
+            jobs.append({"id": 100 + k, "pending": True, "gpus": max(want, 1), "reason": draw(
+                st.sampled_from(["Resources", "Priority", "JobHeldUser", "Dependency"]))})
+            continue
+        idx = sorted(draw(st.permutations(free[node]))[:want])
+        free[node] = [g for g in free[node] if g not in idx]
+        jobs.append({"id": 100 + k, "pending": False, "gpus": want, "node": node, "idx": idx,
+                     "name": draw(st.text("abc-", min_size=1, max_size=6))})
+    return n, gpus, jobs
+
+
+def _v38(n: int, gpus: int, jobs: list[dict]) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    si = {"nodes": [{"name": f"n{i}", "gres": f"gpu:{gpus}", "cpus": 64, "state": "mixed", "state_flags": [],
+                     "partitions": ["gpu"], "active_features": ""} for i in range(1, n + 1)]}
+    sq = {"jobs": [{"job_id": j["id"], "job_state": "PENDING" if j["pending"] else "RUNNING",
+                    "state_reason": j.get("reason", "None"), "priority": 0 if j.get("reason") == "JobHeldUser" else 5,
+                    "nodes": "" if j["pending"] else j["node"], "node_count": 1, "cpus": 1, "partition": "gpu",
+                    "tres_per_node": f"gres:gpu:{j['gpus']}" if j["gpus"] else "",
+                    "gres_detail": _detail(j),
+                    "name": j.get("name", "p"), "comment": "", "account": "", "user_name": "u", "restart_cnt": 0,
+                    "submit_time": 1, "start_time": 2} for j in jobs]}
+    return si, sq
+
+
+def _v41(n: int, gpus: int, jobs: list[dict]) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    def num(v: int) -> dict:  # type: ignore[type-arg]
+        return {"set": True, "infinite": False, "number": v}
+
+    si = {"sinfo": [{"nodes": {"nodes": [f"n{i}"]}, "node": {"state": ["MIXED"]}, "gres": {"total": f"gpu:{gpus}"},
+                     "cpus": {"total": 64}, "partition": {"name": "gpu"}} for i in range(1, n + 1)]}
+    sq = {"jobs": [{"job_id": j["id"], "job_state": ["PENDING" if j["pending"] else "RUNNING"],
+                    "state_reason": j.get("reason", "None"), "hold": j.get("reason") == "JobHeldUser",
+                    "priority": num(0 if j.get("reason") == "JobHeldUser" else 5),
+                    "nodes": "" if j["pending"] else j["node"], "node_count": num(1), "cpus": num(1),
+                    "partition": "gpu", "tres_per_node": f"gres/gpu:{j['gpus']}" if j["gpus"] else "",
+                    "gres_detail": _detail(j),
+                    "name": j.get("name", "p"), "comment": {"job": ""}, "account": "", "user_name": "u",
+                    "restart_cnt": 0, "submit_time": num(1), "start_time": num(2)} for j in jobs]}
+    return si, sq
+
+
+@given(slurm_clusters())
+def test_any_cluster_reads_the_same_in_both_dialects(c) -> None:  # type: ignore[no-untyped-def]
+    n, gpus, jobs = c
+    states = []
+    for render in (_v38, _v41):
+        si, sq = render(n, gpus, jobs)
+        nodes = parse_nodes(si)
+        wls, infos = parse_jobs(sq, nodes)
+        states.append(ClusterState.build(nodes, wls))  # validated: no GPU handed out twice
+        assert {i.job_id for i in infos} == {str(j["id"]) for j in jobs}
+    a, b = states
+    assert a.nodes == b.nodes and a.workloads == b.workloads
+    for j in jobs:
+        w = a.workload(str(j["id"]))
+        assert w.is_running == (not j["pending"])
+        if not j["pending"]:
+            assert w.placements[0].node == j["node"] and list(w.placements[0].gpus) == j["idx"]
+        else:
+            assert w.request.gpus_per_node == j["gpus"]
