@@ -29,7 +29,9 @@ def register(app: typer.Typer) -> None:
 
 # ---------------------------------------------------------------------------------------------- snapshot
 @snapshot_app.command("validate")
-def snapshot_validate(file: Path = typer.Argument(..., help="Snapshot file (.json, .yaml)"), json_out: bool = JsonOpt) -> None:
+def snapshot_validate(
+    file: Path = typer.Argument(..., help="Snapshot file (.json, .yaml)"), json_out: bool = JsonOpt
+) -> None:
     """Check a snapshot file; print what it holds or one error naming the field (exit 2)."""
     state = load_snapshot(file)
     info = {
