@@ -32,12 +32,12 @@ class Mv:
 
 
 def move(c, jid: str, *, store: Path | None = None, on_write: Callable[[Migration], None] | None = None,  # type: ignore[no-untyped-def]
-         timeout: float = 60) -> Migration:
+         timeout: float = 60, fallback: str = "rollback") -> Migration:
     eng = SlurmEngine()
     st = CheckpointStore(store or c.store, c.key)
     journal = Journal(c.root / f"faults-{jid}.db", on_write=on_write)
     ex = Executor(eng, FileAgent(c.run_dir, st, signal=lambda w: eng.signal(w, "USR2")), journal,
-                  ExecutorConfig(checkpoint_timeout_s=30, restore_timeout_s=30))
+                  ExecutorConfig(checkpoint_timeout_s=30, restore_timeout_s=30, fallback=fallback))
     ex.submit([Mv(jid, "node1", "node2")], reason="fault test")
     assert ex.run_until_idle(timeout, period_s=0.3), [m.as_dict() for m in ex.active()]
     return journal.all()[0]
@@ -91,6 +91,25 @@ def test_checkpoint_fails_job_keeps_running_on_source(cluster) -> None:  # type:
         assert cont["starts"] == 1 and cont["contiguous"] and cont["nodes"] == ["node1"]
         assert "Restarts=0" in c.sh("scontrol", "show", "job", "-o", jid)
         assert len(c.workload_pids(c.root / "w-ext.log")) == 1
+
+
+def test_evict_fallback_restarts_on_target_with_reason(cluster) -> None:  # type: ignore[no-untyped-def]
+    """`action.fallback: evict`, asked for explicitly: a job whose checkpoint fails still leaves the node."""
+    c = cluster
+    sock = c.root / "ext2.sock"
+    with unix_server(sock):
+        jid = c.submit("w-evict", 2, "node1", extra=f"--connect {sock}")
+        c.wait_running(jid)
+        c.wait_steps("w-evict", 3)
+        m = move(c, jid, fallback="evict")
+        assert m.state.value == "cold-started", m.as_dict()
+        assert m.reason.startswith("cold start on node2: evicted: checkpoint failed")
+        assert c.job_state(jid) == ("RUNNING", "node2")
+        end = time.time() + 20
+        while c.check_continuity(c.root / "w-evict.log")["starts"] < 2 and time.time() < end:
+            time.sleep(0.2)
+        assert c.check_continuity(c.root / "w-evict.log")["starts"] == 2
+        assert len(c.workload_pids(c.root / "w-evict.log")) == 1
 
 
 def test_store_full_job_keeps_running_on_source(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
