@@ -328,5 +328,14 @@ class Wrapper:
             time.sleep(self.cfg.poll_s)
 
 
-def run_wrapped(argv: Sequence[str], **over: Any) -> int:
-    return Wrapper(WrapperConfig.from_env(argv, **over)).run()
+def run_wrapped(argv: Sequence[str], *, json_log: bool = False, **over: Any) -> int:
+    cfg = WrapperConfig.from_env(argv, **over)
+    log = None
+    if json_log:
+        import json
+
+        def log(msg: str) -> None:
+            print(json.dumps({"at": time.time(), "workload": cfg.workload_id, "node": cfg.node, "event": msg}),
+                  file=sys.stderr, flush=True)
+
+    return Wrapper(cfg, log).run()

@@ -61,7 +61,7 @@ def test_heartbeat_checkpoints_keep_the_workload_running(env: dict[str, str], tm
     log = tmp_path / "hb.log"
     policy = tmp_path / "policy.yaml"
     policy.write_text("action:\n  heartbeat: {every_s: 1, keep: 3}\n")  # the schedule comes from the policy
-    p = start(env, "hb", log, "--policy", str(policy))
+    p = start(env, "hb", log, "--policy", str(policy), "--json")
     try:
         store = CheckpointStore(Path(env["GPUDEFRAG_STORE"]), Path(env["GPUDEFRAG_KEY"]))
         wait(lambda: len(store.list("hb")) >= 2)
@@ -76,6 +76,8 @@ def test_heartbeat_checkpoints_keep_the_workload_running(env: dict[str, str], tm
     finally:
         err = stop(p)
     assert p.returncode == 143, err
+    events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
+    assert events[0].startswith("started") and any(e.startswith("heartbeat checkpoint") for e in events)
     time.sleep(0.3)
     assert live_with(log) == []  # the wrapper took its workload with it
 

@@ -22,6 +22,7 @@ def run(
     policy: Path = typer.Option(None, "--policy", help="Policy file: its action.heartbeat sets the schedule"),
     heartbeat_every: float = typer.Option(None, "--heartbeat-every", help="Heartbeat checkpoint period (s)"),
     workload_id: str = typer.Option(None, "--workload-id", help="Default: $SLURM_JOB_ID"),
+    json_out: bool = typer.Option(False, "--json", help="Log one JSON object per event (stderr) instead of text"),
 ) -> None:
     """Run CMD under gpudefrag: checkpoint on request (request file or `scancel --signal=USR2 --batch`), on the
     policy's heartbeat schedule, and restore after a move (or cold-start, recording why)."""
@@ -41,4 +42,4 @@ def run(
             over.update(heartbeat_every_s=hb.every_s, heartbeat_cron=hb.cron, keep=hb.keep)
     if heartbeat_every is not None:
         over["heartbeat_every_s"] = heartbeat_every
-    raise typer.Exit(run_wrapped(argv, **{k: v for k, v in over.items() if v is not None}))
+    raise typer.Exit(run_wrapped(argv, json_log=json_out, **{k: v for k, v in over.items() if v is not None}))
