@@ -3,19 +3,83 @@ GPU map. Exit code 1 when no plan exists (with the reason), 2 for bad input."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.markup import escape
 from rich.table import Table
 
 from ..core.compat import CompatRule, VersionMatch
-from ..core.cost import CostModel
+from ..core.cost import GB, CostModel, TransferSample
 from ..core.model import MILLI, ClusterState, Request
 from ..core.planner import Plan, PlanOptions, placements_state, plan_all_pending, plan_moves
+from ..errors import InputError, loc_to_path
 from ..render import gpu_map, legend, workload_tags
-from ..snapshot import load_snapshot
+from ..snapshot import load_snapshot, read_document
 from .common import JsonOpt, console, emit_json, fail
+
+# ---------------------------------------------------------------------------------------------- cost file
+Pos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegF = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinkIn(_Strict):
+    source: Annotated[str, Field(min_length=1)]
+    target: Annotated[str, Field(min_length=1)]
+    gbps: Pos
+
+
+class SampleIn(_Strict):
+    source: Annotated[str, Field(min_length=1)]
+    target: Annotated[str, Field(min_length=1)]
+    bytes: Annotated[int, Field(ge=0)]
+    checkpoint_s: NonNegF
+    transfer_s: NonNegF
+    restore_s: NonNegF
+
+
+class CostsIn(_Strict):
+    """A cost file (JSON or YAML): bandwidths in GB/s, per-pair links, and measured migrations."""
+
+    checkpoint_gbps: Pos = 2.0
+    transfer_gbps: Pos = 1.25
+    restore_gbps: Pos = 2.0
+    overhead_s: NonNegF = 10.0
+    cold_start_s: NonNegF = 300.0
+    shared_storage: bool = False
+    links: list[LinkIn] = []
+    history: list[SampleIn] = []
+
+
+def cost_model_from_doc(doc: Any, source: str) -> CostModel:
+    """The CostModel a cost document describes; bad input is one InputError naming the file and field."""
+    try:
+        c = CostsIn.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError(source, loc_to_path(err["loc"]), err["msg"]) from None
+    model = CostModel(
+        checkpoint_bps=c.checkpoint_gbps * GB, transfer_bps=c.transfer_gbps * GB, restore_bps=c.restore_gbps * GB,
+        overhead_s=c.overhead_s, cold_start_s=c.cold_start_s, shared_storage=c.shared_storage,
+        link_bps={(lk.source, lk.target): lk.gbps * GB for lk in c.links},
+    )
+    samples = [TransferSample(s.source, s.target, s.bytes, s.checkpoint_s, s.transfer_s, s.restore_s)
+               for s in c.history]
+    model = model.from_history(samples) if samples else model
+    if not all(math.isfinite(v) for v in (model.checkpoint_bps, model.transfer_bps, model.restore_bps)):
+        raise InputError(source, "history", "measured bandwidths are not finite")
+    return model
+
+
+def load_cost_model(path: Path) -> CostModel:
+    return cost_model_from_doc(read_document(path), str(path))
 
 
 def register(app: typer.Typer) -> None:
@@ -55,6 +119,8 @@ def plan(
     time_limit: float = typer.Option(2.0, "--time-limit", help="Exact solver time limit, seconds"),
     heartbeat: bool = typer.Option(False, "--heartbeat", help="Move from the last heartbeat checkpoint "
                                    "(loses the work since) instead of taking a fresh one"),
+    costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML): bandwidths in GB/s, per-pair links, "
+                               "measured migrations (see docs/planner.md)"),
     driver_rule: str = typer.Option("exact", "--driver-rule", help="exact | minor | major | at-least | any"),
     cuda_rule: str = typer.Option("exact", "--cuda-rule", help="exact | minor | major | at-least | any"),
     explain: bool = typer.Option(False, "--explain", help="Say why: excluded targets, rejected nodes, "
@@ -72,8 +138,9 @@ def plan(
         raise fail(f"--driver-rule/--cuda-rule: {e}") from None
     if not time_limit > 0:
         raise fail("--time-limit must be > 0")
+    cost_model = load_cost_model(costs) if costs is not None else CostModel()
     opts = PlanOptions(max_moves=max_moves, max_moves_per_node=max_moves_per_node, solver=solver,  # type: ignore[arg-type]
-                       time_limit_s=time_limit, fresh_checkpoint=not heartbeat, compat=rule, cost_model=CostModel())
+                       time_limit_s=time_limit, fresh_checkpoint=not heartbeat, compat=rule, cost_model=cost_model)
     if all_pending:
         plans = plan_all_pending(state, opts, k)
         if not plans:
