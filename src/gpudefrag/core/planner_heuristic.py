@@ -1,7 +1,8 @@
-"""The fast planner for large clusters: rank target nodes by a lower bound on the cost to clear them (NumPy over
-all nodes), then for the most promising ones find the cheapest set of their workloads whose departure makes room
-(subsets enumerated in order of cost) and check that set fits elsewhere by best-fit-decreasing, with one level
-of chaining (move a third workload out of the way) when a displaced workload fits nowhere directly.
+"""The fast planner for large clusters: rank target nodes by a lower bound on the cost to clear them (a
+fractional-knapsack bound, NumPy over all nodes), then for the most promising ones find the cheapest set of their
+workloads whose departure makes room (subsets enumerated in order of cost) and check that set fits elsewhere by
+best-fit-decreasing, with chains (up to CHAIN_VICTIMS workloads of another node moved out of the way first, one
+more level below that) when a displaced workload fits nowhere directly.
 
 Requests with several parts (multi-node requests, several pending requests) are planned one part after another
 on the working state, so no workload moves twice and no two parts of one request share a node.
