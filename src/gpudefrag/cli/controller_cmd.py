@@ -31,7 +31,9 @@ def _journal_path(journal: Path | None) -> Path:
 
 def controller(
     policy: Path = typer.Option(..., "--policy", help="Policy file (YAML)"),
-    engine: str = typer.Option("slurm", "--engine", help="slurm | sim"),
+    engine: str = typer.Option("slurm", "--engine", help="slurm | kubernetes | sim"),
+    context: str = typer.Option(None, "--context", help="--engine kubernetes: kubeconfig context (default: "
+                                "in-cluster, else the current context)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be done; change nothing"),
     once: bool = typer.Option(False, "--once", help="One cycle, as if requested (the CLI request trigger)"),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between cycles"),
@@ -69,8 +71,12 @@ def controller(
         if snapshot is None:
             raise fail("--engine sim needs --snapshot FILE")
         sim = eng = SimEngine(load_snapshot(snapshot))
+    elif engine == "kubernetes":
+        from ..engines.kubernetes import KubernetesEngine
+
+        eng = KubernetesEngine(context=context)
     else:
-        raise fail(f"--engine must be slurm or sim, not {engine!r}")
+        raise fail(f"--engine must be slurm, kubernetes or sim, not {engine!r}")
 
     def log(msg: str) -> None:
         if not json_out:
@@ -82,7 +88,16 @@ def controller(
         from ..checkpoint.store import CheckpointStore, default_key_path
 
         st = CheckpointStore(store, key or default_key_path())
-    if not dry_run:
+    if not dry_run and engine == "kubernetes":
+        # pods are moved as checked API-operation sequences (create pinned replacement, wait ready, evict
+        # original), journaled the same way; no job wrapper or shared run dir is involved
+        from ..engines.kubernetes.control import KubeMoveExecutor
+
+        kj = Journal(_journal_path(journal), on_write=crash_hook_from_env())
+        executor = KubeMoveExecutor(eng, kj, ExecutorConfig.from_policy(pol), log=log)  # type: ignore[arg-type]
+        if executor.active():
+            log(f"resuming {len(executor.active())} migration(s) from {kj.path}")
+    elif not dry_run:
         if sim is None and (run_dir is None or st is None) and pol.action.kind == "migrate":
             raise fail("moving jobs needs --run-dir and --store (the wrappers' shared directory and store)")
         j = Journal(_journal_path(journal), on_write=crash_hook_from_env())
