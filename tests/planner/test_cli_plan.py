@@ -97,3 +97,15 @@ def test_demo_shows_the_plan(capsys, pb):
     code, out, _ = pb.cli(["demo"], capsys)
     assert code == 0
     assert "becomes able to host" in out and "after" in out
+
+
+def test_big_cluster_maps_show_only_the_touched_nodes(tmp_path, capsys, pb):
+    nodes = [pb.node(f"n{i:02d}") for i in range(40)]
+    jobs = [pb.job("j00", 2, "n00", gib=1)] + [pb.job(f"j{i:02d}", 5, f"n{i:02d}", gib=50) for i in range(1, 40)]
+    f = tmp_path / "forty.json"
+    write_json_atomic(f, {"nodes": nodes, "workloads": jobs, "now": pb.NOW})
+    code, out, _ = pb.cli(["plan", str(f), "--gpus", "8"], capsys)
+    assert code == 0
+    text = " ".join(out.split())  # titles may wrap
+    assert "the 2 nodes the plan touches, of 40" in text  # j00 (the cheap one) moves to a node with 3 free
+    assert "n00" in out and "n39" not in out.split("before")[1]

@@ -3,6 +3,7 @@ GPU map. Exit code 1 when no plan exists (with the reason), 2 for bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Annotated, Any
@@ -157,8 +158,6 @@ def plan(
     request, wid = _pick_request(state, file, job, gpus, model, share)
     p = plan_moves(state, request, opts)
     if wid is not None:
-        import dataclasses
-
         p = dataclasses.replace(p, workload_id=wid)
     if json_out:
         emit_json({"file": str(file), "plan": p.as_dict()})
@@ -213,11 +212,30 @@ def print_plan(state: ClusterState, p: Plan, *, explain: bool = False, maps: boo
         for line in p.explain:
             console.print(f"  {escape(line)}")
     if maps:
-        tags = workload_tags(state)
         after = placements_state(state, p, rid=p.workload_id or "request")
+        touched = {m.source for m in p.moves} | {m.target for m in p.moves} | {pl.node for pl in p.placements}
+        note = ""
+        if len(state.nodes) > MAP_ALL_NODES_UP_TO:  # a big cluster: only the nodes the plan touches
+            note = f" — the {len(touched)} nodes the plan touches, of {len(state.nodes)}"
+            state, after = _focus(state, touched), _focus(after, touched)
+        tags = workload_tags(state)
         after_tags = {**workload_tags(after), **tags}
-        touched = {m.source for m in p.moves} | {m.target for m in p.moves}
-        console.print(gpu_map(state, title="before", tags=tags, highlight_nodes=touched))
-        console.print(gpu_map(after, title=f"after (the request placed on {p.target_node})", tags=after_tags,
+        console.print(gpu_map(state, title=f"before{note}", tags=tags, highlight_nodes=touched))
+        console.print(gpu_map(after, title=f"after (the request placed on {p.target_node}){note}", tags=after_tags,
                               highlight_nodes=[pl.node for pl in p.placements]))
         console.print(legend(after, after_tags))
+
+
+MAP_ALL_NODES_UP_TO = 32
+
+
+def _focus(state: ClusterState, names: set[str]) -> ClusterState:
+    """The same cluster reduced to some nodes, for drawing only: workloads keep just their parts on those
+    nodes (a multi-node job shows where it runs there), so this state is not validated and never planned on."""
+    keep = [n for n in state.nodes if n.name in names]
+    workloads = []
+    for w in state.running:
+        parts = tuple(pl for pl in w.placements if pl.node in names)
+        if parts:
+            workloads.append(dataclasses.replace(w, placements=parts))
+    return ClusterState(tuple(keep), tuple(workloads), now=state.now, name=state.name)
