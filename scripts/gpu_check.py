@@ -135,9 +135,6 @@ def main() -> int:
         return run_job(a.log, float(a.gib), a.seed)
     import shutil
 
-    work = Path(a.work)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     from gpudefrag.checkpoint.cuda import CudaBackend
     from gpudefrag.checkpoint.protocol import CheckpointError
 
@@ -147,6 +144,9 @@ def main() -> int:
     except CheckpointError as e:
         print(f"gpu-check: {e}", file=sys.stderr)
         return 2
+    work = Path(a.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     env = {"criu": be.version(), "gpu": be.gpu_versions().__repr__(), "gpus": be.gpu_map()}
     print(json.dumps(env), flush=True)
     rows = []
