@@ -107,7 +107,8 @@ class CudaBackend(CriuBackend):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._drv = load_driver()
+        if self._drv is None:  # a driver object may be passed in (tests drive the call sequence with a fake)
+            self._drv = load_driver()
 
     # -- facts ----------------------------------------------------------------------------------------
     def gpu_map(self) -> dict[str, str]:
