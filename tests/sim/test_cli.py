@@ -86,3 +86,23 @@ def test_one_fgd_seed_reproduces_the_paper_at_100_percent(alibaba_trace: Path):
                           str(alibaba_trace / "openb_pod_list_default.csv"), "fgd", 42))
     # the authors' FGD seeds span 4.62–4.94 at 100 %; one seed of ours must land near that
     assert 4.2 <= r.unallocated_at(100) <= 5.4
+
+
+def test_a_snapshot_can_be_the_cluster(tmp_path: Path):
+    snap = tmp_path / "demo.json"
+    assert gpudefrag("snapshot", "demo", str(snap)).returncode == 0
+    _, p = write_trace(tmp_path, NODES, PODS)
+    out = tmp_path / "s"
+    r = gpudefrag("simulate", "static", "--snapshot", str(snap), "--pods", str(p), "--out", str(out), "--seeds", "1",
+                  "--policies", "fgd,firstfit", "--defrag", "none,migrate", "--workers", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["bounds"] == []  # no bound with a snapshot's background load
+    assert (out / "runs.csv").is_file()
+    both = gpudefrag("simulate", "static", "--snapshot", str(snap), "--nodes", str(p), "--pods", str(p), "--out",
+                     str(tmp_path / "x"))
+    assert both.returncode == 2 and "exactly one" in both.stderr
+    r = gpudefrag("simulate", "dynamic", "--snapshot", str(snap), "--out", str(tmp_path / "d"), "--jobs", "80",
+                  "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["summary"]) == 5

@@ -79,9 +79,11 @@ def _clean(x: object) -> object:
 
 @sim_app.command("static")
 def static(
-    nodes: Path = typer.Option(..., "--nodes", help="Node list CSV (e.g. openb_node_list_gpu_node.csv)"),
     pods: Path = typer.Option(..., "--pods", help="Pod list CSV (e.g. openb_pod_list_default.csv)"),
     out: Path = typer.Option(..., "--out", help="Report folder to create"),
+    nodes: Path = typer.Option(None, "--nodes", help="Node list CSV (e.g. openb_node_list_gpu_node.csv)"),
+    snapshot: Path = typer.Option(None, "--snapshot", help="Or: a gpudefrag snapshot whose nodes (and running "
+                                  "workloads, as background load) form the cluster"),
     policies: str = typer.Option(",".join(FGD_STUDY_POLICIES), "--policies", help="Comma-separated policies"),
     seeds: str = typer.Option("42-51", "--seeds", help="Seeds: 42-51 or 42,43"),
     tune: float = typer.Option(1.3, "--tune", help="Resample the pods to this multiple of GPU capacity"),
@@ -99,29 +101,37 @@ def static(
     from ..sim.experiments import author_curves, run_many, static_runs
     from ..sim.replay import build_workload
     from ..sim.report import POINTS, staged_folder, write_static
-    from ..sim.trace import load_trace
+    from ..sim.trace import Trace, cluster_from_snapshot, load_pods, load_trace
 
     pols = _split(policies, list(POLICIES), "--policies")
     acts = _split(defrag, ("none", "migrate", "evict"), "--defrag")
     seed_list = parse_seeds(seeds)
     if not tune > 0:
         raise InputError("--tune", "", f"must be > 0, got {tune}")
+    if (nodes is None) == (snapshot is None):
+        raise InputError("simulate static", "", "give exactly one of --nodes and --snapshot")
     _check_out(out, force)
-    trace = load_trace(nodes, pods)  # validate here, before any worker or folder exists
-    runs = static_runs(str(nodes), str(pods), pols, seed_list, tune, acts, max_moves)
+    # validate the inputs here, before any worker or folder exists
+    if snapshot is not None:
+        trace = Trace((), load_pods(pods))
+        cl = cluster_from_snapshot(snapshot, trace.mix())
+    else:
+        trace = load_trace(nodes, pods)
+        cl = trace.cluster()
+    runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""))
     with _progress() as prog:
         task = prog.add_task("replays", total=len(runs))
         results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
     bounds = []
-    if bound:
-        cl = trace.cluster()
+    if bound and snapshot is None:  # with a snapshot's background load the bound would not hold
         all_pods = [p.pod for p in trace.pods]
         for s in seed_list:
             wl = build_workload(all_pods, cl.capacity_milli, s, tune)
             bounds.append(lower_bound(arrived_prefix(wl, cl.capacity_milli, 100.0), int(cl.gpu_count.sum())))
-    au = author_curves(authors if authors else pods.parent)
-    meta = {"nodes": str(nodes), "pods": str(pods), "policies": ",".join(pols), "seeds": seed_list, "tune": tune,
-            "defrag": ",".join(acts)}
+    # the authors' numbers only mean something on their cluster
+    au = author_curves(authors if authors else pods.parent) if snapshot is None else {}
+    meta = {"nodes": str(nodes or snapshot), "pods": str(pods), "policies": ",".join(pols), "seeds": seed_list,
+            "tune": tune, "defrag": ",".join(acts)}
     with staged_folder(out) as tmp:
         summary = write_static(tmp, results, au, bounds, meta)
     if json_out:
@@ -146,6 +156,8 @@ def dynamic(
     load: float = typer.Option(0.9, "--load", help="Offered load (share of GPU capacity)"),
     nodes: int = typer.Option(32, "--nodes", help="Nodes of 8 GPUs"),
     seed: int = typer.Option(1, "--seed", help="Workload seed"),
+    snapshot: Path = typer.Option(None, "--snapshot", help="Run on this snapshot's nodes (its running workloads "
+                                  "stay as background load) instead of the synthetic cluster"),
     trigger: float = typer.Option(300.0, "--trigger", help="Defrag when the head job waits longer (s)"),
     max_moves: int = typer.Option(8, "--max-moves", help="Moves per rescue at most"),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder"),
@@ -161,6 +173,13 @@ def dynamic(
     if jobs < 10 or not 0 < load < 5 or nodes < 1:
         raise InputError("simulate dynamic", "", "need --jobs >= 10, 0 < --load < 5, --nodes >= 1")
     _check_out(out, force)
+    base = None
+    if snapshot is not None:
+        from ..sim.trace import cluster_from_snapshot
+
+        base = cluster_from_snapshot(snapshot)
+        g = int(base.gpu_count.sum())
+        nodes = max(1, g // 8)
     spec = WorkloadSpec(nodes=nodes, jobs=jobs, load=load, seed=seed)
     wl = generate(spec)
     configs = [replace(c, trigger_s=trigger, max_moves=max_moves) for c in STANDARD]
@@ -168,7 +187,7 @@ def dynamic(
     with _progress() as prog:
         task = prog.add_task("configurations", total=len(configs))
         for c in configs:
-            results.append(simulate(wl, c))
+            results.append(simulate(wl, c, cluster=base))
             prog.advance(task)
     meta = {"jobs": jobs, "load": load, "gpus": spec.gpus, "seed": seed, "trigger_s": trigger,
             "8-GPU share of GPU demand": f"{spec.eight_gpu_demand_share():.2f}"}

@@ -75,10 +75,10 @@ class ArrayDefragmenter:
     def _gpu_costs(self, cl: Cluster, pod: Pod, placed: Placed) -> np.ndarray:
         """Per GPU: pods to move off it so it can take (its part of) the pod; BIG where it cannot."""
         free = cl.free
-        if pod.is_sharing:
-            cost = np.where(free >= pod.gpu_milli, 0, placed.npods)
-        else:
-            cost = np.where(free == MILLI, 0, placed.npods)
+        # a used GPU with no pod we know of holds background load (e.g. a snapshot's workloads): never cleared
+        busy = np.where(placed.npods > 0, placed.npods, BIG)
+        need = pod.gpu_milli if pod.is_sharing else MILLI
+        cost = np.where(free >= need, 0, busy)
         if pod.num_gpu == 1:
             # emptying a full GPU for a one-GPU pod only moves the problem: its pods need as much room elsewhere
             cost = np.where((free == 0) & (cost > 0), BIG, cost)
@@ -128,8 +128,9 @@ class ArrayDefragmenter:
 
     def _gpu_victims(self, cl: Cluster, pod: Pod, placed: Placed, n: int) -> tuple[list[int], tuple[int, ...]]:
         free = cl.free[n]
+        busy = np.where(placed.npods[n] > 0, placed.npods[n], BIG)
         if pod.is_sharing:
-            cost = np.where(free >= pod.gpu_milli, 0, placed.npods[n])
+            cost = np.where(free >= pod.gpu_milli, 0, busy)
             cost = np.where((free < 0) | ((free == 0) & (cost > 0)), BIG, cost)
             g = int(np.lexsort((-free, cost))[0])  # fewest pods to move, then the most share free
             victims: list[int] = []
@@ -140,7 +141,7 @@ class ArrayDefragmenter:
                 victims.append(pid)
                 got += placed.pods[pid][0].gpu_milli
             return victims, (g,)
-        cost = np.where(free == MILLI, 0, placed.npods[n])
+        cost = np.where(free == MILLI, 0, busy)
         if pod.num_gpu == 1:
             cost = np.where((free == 0) & (cost > 0), BIG, cost)
         cost = np.where(free < 0, BIG, cost)
@@ -167,6 +168,10 @@ class ArrayDefragmenter:
             cl.remove(*old[v])
         if not pod.is_sharing:
             gpus = exclusive_gpus(cl, n, pod.num_gpu)
+        if len(gpus) != pod.num_gpu or any(cl.free[n, g] < pod.gpu_milli for g in gpus):
+            for v in victims:  # the estimate was wrong (should not happen): put everything back
+                cl.place(*old[v])
+            return None
         mine = Choice(n, gpus)
         cl.place(pod, mine)
         new: dict[int, Choice] = {}

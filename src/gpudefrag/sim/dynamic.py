@@ -142,8 +142,19 @@ class _Sim:
         heapq.heappush(self.heap, (t, self.seq, kind, arg))
 
 
-def simulate(wl: Workload, cfg: DynamicConfig) -> DynamicResult:
-    cl = synthetic_cluster(wl.spec, pooled=cfg.pooled)
+def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -> DynamicResult:
+    """Run the workload on the synthetic cluster of its spec, or on (a copy of) `cluster` (e.g. a snapshot's);
+    the pooled bound puts all of that cluster's GPUs, CPU and memory on one node."""
+    if cluster is None:
+        cl = synthetic_cluster(wl.spec, pooled=cfg.pooled)
+    elif cfg.pooled:
+        g = int(cluster.gpu_count.sum())
+        cl = Cluster.build(["pooled"], [g], [None], [int(np.minimum(cluster.cpu_cap, 10**12).sum())], [0],
+                           synthetic_cluster(wl.spec).mix)
+        cl.free[0, :g] = np.sort(cluster.free[cluster.free >= 0])[::-1][:g]  # the background load stays
+    else:
+        cl = cluster.copy()
+        cl.mix = synthetic_cluster(wl.spec).mix
     cl.rank = np.random.default_rng(cfg.seed + 7).permutation(cl.n)
     sim = _Sim(cfg, wl, cl, np.random.default_rng(cfg.seed))
     policy = get_policy("bestfit" if cfg.pooled else cfg.policy)
@@ -231,10 +242,14 @@ def simulate(wl: Workload, cfg: DynamicConfig) -> DynamicResult:
         sim.stranded.append(s)
 
     remaining_jobs = len(wl.jobs)
+    arrivals_left = len(wl.jobs)
     while sim.heap and remaining_jobs > 0:
         t, _, kind, arg = heapq.heappop(sim.heap)
         sim.now = t
+        if kind == CHECK and arrivals_left == 0 and not placed.pods:
+            break  # nothing runs, nothing arrives: the queued jobs can never start (too big for this cluster)
         if kind == ARRIVE:
+            arrivals_left -= 1
             sim.queue.append(arg)
             ch = policy.choose(cl, sim.runs[arg].job.pod, sim.rng)
             if ch is not None:
@@ -251,9 +266,8 @@ def simulate(wl: Workload, cfg: DynamicConfig) -> DynamicResult:
             r.done = True
             remaining_jobs -= 1
             schedule()
-        else:
-            if sim.queue or remaining_jobs:
-                sim.push(sim.now + cfg.check_every_s, CHECK, 0)
+        elif sim.queue or arrivals_left:
+            sim.push(sim.now + cfg.check_every_s, CHECK, 0)
         try_defrag()
         sample()
 

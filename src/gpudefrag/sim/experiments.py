@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.placement import FGD_STUDY_POLICIES
+from ..core.placement import FGD_STUDY_POLICIES, Cluster
 from .replay import CURVE_MAX, ReplayResult, build_workload, replay
-from .trace import Trace, load_trace
+from .trace import Trace, TracePod, cluster_from_snapshot, fgd_mix, load_pods, load_trace
 
 AUTHOR_NAMES = {
     "01-Random": "random", "02-DotProd": "dotproduct", "03-GpuClustering": "gpuclustering",
@@ -41,6 +41,7 @@ class StaticRun:
     tune: float = 1.3
     defrag: str = "none"  # "none" | "migrate" | "evict"
     max_moves: int = 8
+    snapshot: str = ""  # a gpudefrag snapshot to take the cluster from instead of `nodes`
 
 
 @lru_cache(maxsize=4)
@@ -48,9 +49,23 @@ def _trace(nodes: str, pods: str) -> Trace:
     return load_trace(nodes, pods)
 
 
+@lru_cache(maxsize=4)
+def _pods(pods: str) -> tuple[TracePod, ...]:
+    return load_pods(pods)
+
+
+@lru_cache(maxsize=4)
+def _snapshot_cluster(snapshot: str, pods: str) -> Cluster:
+    return cluster_from_snapshot(snapshot, fgd_mix([p.pod for p in _pods(pods)]))
+
+
 def run_one(run: StaticRun) -> ReplayResult:
-    trace = _trace(run.nodes, run.pods)
-    cluster = trace.cluster()
+    if run.snapshot:
+        trace = Trace((), _pods(run.pods))
+        cluster = _snapshot_cluster(run.snapshot, run.pods)
+    else:
+        trace = _trace(run.nodes, run.pods)
+        cluster = trace.cluster()
     workload = build_workload([p.pod for p in trace.pods], cluster.capacity_milli, run.seed, run.tune)
     defrag = None
     if run.defrag != "none":
@@ -116,6 +131,6 @@ def author_curves(trace_dir: str | os.PathLike[str], workload: str = "openb_pod_
 
 def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLICIES,
                 seeds: Sequence[int] = DEFAULT_SEEDS, tune: float = 1.3, defrag: Sequence[str] = ("none",),
-                max_moves: int = 8) -> list[StaticRun]:
-    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves)
+                max_moves: int = 8, snapshot: str = "") -> list[StaticRun]:
+    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""))
             for d in defrag for p in policies for s in seeds]

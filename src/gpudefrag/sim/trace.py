@@ -64,6 +64,13 @@ class Trace:
         return sum(n.gpus for n in self.nodes) * MILLI
 
 
+def cluster_from_snapshot(path: str | os.PathLike[str], mix: WorkloadMix | None = None) -> Cluster:
+    """The cluster of a gpudefrag snapshot (its running workloads stay where they are, as background load)."""
+    from ..snapshot import load_snapshot
+
+    return Cluster.from_state(load_snapshot(path), mix)
+
+
 def fgd_mix(pods: Sequence[Pod]) -> WorkloadMix:
     """The FGD authors' target workload: shapes kept one at a time (their experiments' podIncreaseStep=1)
     until they cover 95 % of pods, CPU-only pods included."""
