@@ -7,6 +7,8 @@ file, line and column, with exit code 2, and no folder.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import typer
@@ -160,6 +162,7 @@ def dynamic(
                                   "stay as background load) instead of the synthetic cluster"),
     trigger: float = typer.Option(300.0, "--trigger", help="Defrag when the head job waits longer (s)"),
     max_moves: int = typer.Option(8, "--max-moves", help="Moves per rescue at most"),
+    workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder"),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -183,11 +186,13 @@ def dynamic(
     spec = WorkloadSpec(nodes=nodes, jobs=jobs, load=load, seed=seed)
     wl = generate(spec)
     configs = [replace(c, trigger_s=trigger, max_moves=max_moves) for c in STANDARD]
-    results = []
-    with _progress() as prog:
+    results: list = [None] * len(configs)
+    with _progress() as prog, ProcessPoolExecutor(max_workers=max(1, min(workers or os.cpu_count() or 1,
+                                                                             len(configs)))) as pool:
         task = prog.add_task("configurations", total=len(configs))
-        for c in configs:
-            results.append(simulate(wl, c, cluster=base))
+        futs = {pool.submit(simulate, wl, c, base): i for i, c in enumerate(configs)}
+        for fut in as_completed(futs):
+            results[futs[fut]] = fut.result()
             prog.advance(task)
     meta = {"jobs": jobs, "load": load, "gpus": spec.gpus, "seed": seed, "trigger_s": trigger,
             "8-GPU share of GPU demand": f"{spec.eight_gpu_demand_share():.2f}"}
