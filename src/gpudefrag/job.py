@@ -35,7 +35,7 @@ from typing import Any
 ENV_SPOOL = "GPUDEFRAG_JOB_SPOOL"
 ENV_RESTORE_FROM = "GPUDEFRAG_RESTORE_FROM"
 ENV_SIGNAL = "GPUDEFRAG_CHECKPOINT_SIGNAL"
-ENV_STORE = "GPUDEFRAG_CHECKPOINT_STORE"
+ENV_STORE = "GPUDEFRAG_STORE"
 ENV_WORKLOAD = "GPUDEFRAG_WORKLOAD_ID"
 META = "meta.json"
 
@@ -75,7 +75,7 @@ class Job:
         """Load the checkpoint to resume from and return its metadata (what `save` was given), else None.
 
         `GPUDEFRAG_RESTORE_FROM` (set by the restorer, which verified the checkpoint first) wins; otherwise,
-        when `GPUDEFRAG_CHECKPOINT_STORE` and `GPUDEFRAG_WORKLOAD_ID` are set and the store's key is readable,
+        when `GPUDEFRAG_STORE` and `GPUDEFRAG_WORKLOAD_ID` are set and the store's key is readable,
         the newest checkpoint of the workload that verifies.
         """
         src = os.environ.get(ENV_RESTORE_FROM)

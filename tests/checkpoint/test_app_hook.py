@@ -94,8 +94,8 @@ def test_resume_from_the_store_loads_the_latest_verified(store: CheckpointStore,
             p.commit(backend="app", mode="app-hook", compat=Versions())
     newest = store.list()[0]["id"]
     (store.path(newest) / "state.txt").write_text("tampered")
-    monkeypatch.setenv("GPUDEFRAG_CHECKPOINT_STORE", str(store.root))
-    monkeypatch.setenv("GPUDEFRAG_CHECKPOINT_KEY", str(store.key_path))
+    monkeypatch.setenv("GPUDEFRAG_STORE", str(store.root))
+    monkeypatch.setenv("GPUDEFRAG_KEY", str(store.key_path))
     monkeypatch.setenv("GPUDEFRAG_WORKLOAD_ID", "wl")
     monkeypatch.delenv("GPUDEFRAG_RESTORE_FROM", raising=False)
     loaded: list[str] = []

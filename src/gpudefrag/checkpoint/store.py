@@ -51,11 +51,11 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
 def default_store_root() -> Path:
-    return Path(os.environ.get("GPUDEFRAG_CHECKPOINT_STORE", str(DEFAULT_STORE)))
+    return Path(os.environ.get("GPUDEFRAG_STORE", str(DEFAULT_STORE)))
 
 
 def default_key_path() -> Path:
-    return Path(os.environ.get("GPUDEFRAG_CHECKPOINT_KEY", str(DEFAULT_KEY_PATH)))
+    return Path(os.environ.get("GPUDEFRAG_KEY", str(DEFAULT_KEY_PATH)))
 
 
 def sha256_file(path: Path) -> tuple[int, str]:

@@ -20,10 +20,10 @@ from .common import JsonOpt, console, emit_json, fail
 
 checkpoints_app = typer.Typer(help="List, verify and garbage-collect stored checkpoints.", no_args_is_help=True)
 
-StoreOpt = typer.Option(None, "--store", help="Checkpoint store folder [env GPUDEFRAG_CHECKPOINT_STORE; "
+StoreOpt = typer.Option(None, "--store", help="Checkpoint store folder [env GPUDEFRAG_STORE; "
                         "default /var/lib/gpudefrag/checkpoints]")
 KeyOpt = typer.Option(None, "--key", help="Signing key file, root-only, created 0600 if missing "
-                      "[env GPUDEFRAG_CHECKPOINT_KEY; default /etc/gpudefrag/checkpoint.key]")
+                      "[env GPUDEFRAG_KEY; default /etc/gpudefrag/checkpoint.key]")
 
 
 def register(app: typer.Typer) -> None:
