@@ -70,10 +70,20 @@ def test_gpu_model_and_cpu_make_everything_fragment():
     assert cpu_only.tolist() == [2500, 1300]
 
 
-def test_mix_keeps_shapes_ten_at_a_time_until_95_percent():
+def test_mix_keeps_shapes_one_at_a_time_until_95_percent():
     shapes = [TaskShape(1, 100 + i) for i in range(25) for _ in range(4)]  # 25 shapes × 4 = 100 tasks
     shapes += [TaskShape(1, 999)] * 400  # one dominant shape: 80 % of 500 tasks, the others 0.8 % each
     mix = WorkloadMix.from_shapes(shapes)
+    # 80 % + 19 × 0.8 % = 95.2 % ≥ 95 %: 20 shapes; ties (all 0.8 %) go largest share first, as upstream sorts
+    assert len(mix.shapes) == 20
+    assert mix.shapes[1] == TaskShape(1, 124) and mix.shapes[-1] == TaskShape(1, 106)
+    assert mix.weights[0] == pytest.approx(400 / 476)
+
+
+def test_mix_can_keep_shapes_ten_at_a_time():
+    shapes = [TaskShape(1, 100 + i) for i in range(25) for _ in range(4)]
+    shapes += [TaskShape(1, 999)] * 400
+    mix = WorkloadMix.from_shapes(shapes, step=10)
     # the first 10 shapes cover 80 + 9 × 0.8 = 87.2 %; the next 10 reach 95.2 % ≥ 95 %: 20 shapes kept
     assert len(mix.shapes) == 20
     assert mix.shapes[0] == TaskShape(1, 999)

@@ -42,15 +42,17 @@ class WorkloadMix:
 
     @staticmethod
     def from_shapes(
-        shapes: Iterable[TaskShape], *, coverage: float = 0.95, step: int = 10, include_cpu_only: bool = True
+        shapes: Iterable[TaskShape], *, coverage: float = 0.95, step: int = 1, include_cpu_only: bool = True
     ) -> WorkloadMix:
         """Popularity of each distinct shape; the most frequent shapes are kept `step` at a time until they
-        cover `coverage` of all tasks, then renormalised (the FGD authors' construction)."""
+        cover `coverage` of all tasks, then renormalised. This is the FGD authors' construction with the
+        settings of their experiments (95 %, one shape at a time; equally popular shapes ordered by CPU, GPU
+        share, GPU count and GPU type, largest first, as their reversed sort does)."""
         counts = Counter(s for s in shapes if include_cpu_only or s.num_gpu > 0)
         total = sum(counts.values())
         if total == 0:
             raise ValueError("a workload mix needs at least one task shape")
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], _shape_key(kv[0])))
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], _shape_key(kv[0])), reverse=True)
         kept = 0
         covered = 0
         while kept < len(ranked) and covered < coverage * total:
@@ -66,8 +68,8 @@ class WorkloadMix:
         return WorkloadMix((shape,), (1.0,))
 
 
-def _shape_key(s: TaskShape) -> tuple[int, int, int, tuple[str, ...]]:
-    return (s.num_gpu, s.gpu_milli, s.cpu_milli, s.gpu_models)
+def _shape_key(s: TaskShape) -> tuple[int, int, int, str]:
+    return (s.cpu_milli, s.gpu_milli, s.num_gpu, "|".join(s.gpu_models))
 
 
 # ---------------------------------------------------------------------------------------------- fitting
