@@ -8,14 +8,10 @@ Loading is strict (no type coercion, no unknown fields) so that a typo is an err
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,6 +35,7 @@ from .core.model import (
     WorkloadState,
 )
 from .errors import InputError, loc_to_path
+from .fileio import bulk_allocation, write_json_atomic
 
 FORMAT_VERSION = 1
 
@@ -73,6 +70,10 @@ class VersionsIn(_Strict):
     cpu_arch: str | None = None
     kernel: str | None = None
     checkpointer: str | None = None
+
+    def to_versions(self) -> Versions:
+        return Versions(self.gpu_model, self.gpu_count, self.driver, self.cuda, self.engine, self.model,
+                        self.cpu_arch, self.kernel, self.checkpointer)
 
 
 class NodeIn(_Strict):
@@ -285,9 +286,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
                 submitted_at=w.submitted_at,
                 started_at=w.started_at,
                 expected_end_at=w.expected_end_at,
-                versions=_NO_VERSIONS if v is None else Versions(
-                    v.gpu_model, v.gpu_count, v.driver, v.cuda, v.engine, v.model, v.cpu_arch, v.kernel,
-                    v.checkpointer),
+                versions=_NO_VERSIONS if v is None else v.to_versions(),
                 scheduler_reason=w.scheduler_reason,
             )
         )
@@ -325,22 +324,8 @@ def _assign(node: Node, k: int, milli: int, used: dict[tuple[str, int], int]) ->
     return chosen
 
 
-@contextmanager
-def _bulk_allocation() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building tens of thousands of objects: the collections it
-    would trigger re-scan the growing heap and double the load time of a large snapshot. Nothing built
-    here forms reference cycles."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def load_snapshot(path: str | os.PathLike[str]) -> ClusterState:
-    with _bulk_allocation():
+    with bulk_allocation():
         return _load_snapshot(path)
 
 
@@ -371,7 +356,7 @@ def _load_snapshot(path: str | os.PathLike[str]) -> ClusterState:
 
 
 def load_snapshot_dict(doc: Any, source: str = "<snapshot>") -> ClusterState:
-    with _bulk_allocation():
+    with bulk_allocation():
         return to_state(parse_snapshot(doc, source), source)
 
 
@@ -436,23 +421,6 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
                                **({"gpu_model": g.gpu_model} if g.gpu_model else {}),
                                "gpus_per_node": g.gpus_per_node} for g in state.node_groups]
     return doc
-
-
-def write_json_atomic(path: str | os.PathLike[str], doc: Any) -> None:
-    """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_snapshot(path: str | os.PathLike[str], state: ClusterState) -> None:

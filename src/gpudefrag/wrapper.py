@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .control.agent import JobDir, RunPhase, read_json, write_json_durable
+from .control.agent import JobDir, RunPhase, read_json
+from .fileio import write_json_atomic
 
 PR_SET_CHILD_SUBREAPER = 36
 STORE_FULL = "store-full"
@@ -126,14 +127,14 @@ class Wrapper:
     def status(self, phase: RunPhase, **kw: Any) -> None:
         doc = {"phase": phase.value, "node": self.cfg.node, "pid": self.pid, "at": time.time(),
                "restarts": self.cfg.restarts, **kw}
-        write_json_durable(self.jd.status, doc)
+        write_json_atomic(self.jd.status, doc)
 
     def _handled(self) -> list[str]:
         doc = read_json(self.jd.root / "handled.json") or {}
         return list(doc.get("tickets", []))
 
     def _mark_handled(self, ticket_id: str) -> None:
-        write_json_durable(self.jd.root / "handled.json", {"tickets": [*self._handled(), ticket_id][-50:]})
+        write_json_atomic(self.jd.root / "handled.json", {"tickets": [*self._handled(), ticket_id][-50:]})
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -235,13 +236,13 @@ class Wrapper:
             ckpt, code, detail = self.checkpoint(stop=stop)
             running = _alive(self.pid)
             if ckpt is not None:
-                write_json_durable(self.jd.response(rid), {"state": "ok", "ckpt_id": ckpt, "still_running": running})
+                write_json_atomic(self.jd.response(rid), {"state": "ok", "ckpt_id": ckpt, "still_running": running})
                 if stop:
                     self.status(RunPhase.CHECKPOINTED, ckpt_id=ckpt)
                     self._log(f"checkpointed {ckpt}; the workload is stopped, waiting to be requeued")
                     return served, True
             else:
-                write_json_durable(self.jd.response(rid), {"state": "failed", "reason": code, "detail": detail,
+                write_json_atomic(self.jd.response(rid), {"state": "failed", "reason": code, "detail": detail,
                                                            "still_running": running})
                 self._log(f"checkpoint {rid} failed: {code}: {detail}")
         return served, False

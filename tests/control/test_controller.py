@@ -132,13 +132,14 @@ def test_cron_trigger_fires_after_its_time(state, tmp_path: Path) -> None:
 
 
 def test_only_jobs_under_the_wrapper_are_planned_to_move(state, tmp_path: Path) -> None:
-    from gpudefrag.control.agent import FileAgent, JobDir, write_json_durable
+    from gpudefrag.control.agent import FileAgent, JobDir
     from gpudefrag.control.controller import Controller
+    from gpudefrag.fileio import write_json_atomic
 
     agent = FileAgent(tmp_path / "run", store=None)
     assert not agent.has_wrapper("a1")
-    write_json_durable(JobDir(tmp_path / "run", "a1").status, {"phase": "fresh", "node": "node1"})
-    write_json_durable(JobDir(tmp_path / "run", "b1").status, {"phase": "checkpointed", "node": "node1"})
+    write_json_atomic(JobDir(tmp_path / "run", "a1").status, {"phase": "fresh", "node": "node1"})
+    write_json_atomic(JobDir(tmp_path / "run", "b1").status, {"phase": "checkpointed", "node": "node1"})
     assert agent.has_wrapper("a1") and not agent.has_wrapper("b1")
     sim = SimEngine(state)
     pol = parse_policy(POLICY)

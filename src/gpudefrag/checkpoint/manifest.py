@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.model import Versions
 from ..errors import loc_to_path
+from ..snapshot import VersionsIn
 from .protocol import BAD_MANIFEST, UNSAFE_PATH, CheckpointError
 
 FORMAT_VERSION = 1
@@ -44,21 +45,8 @@ class LinkEntry(_Strict):
     target: Annotated[str, Field(min_length=1, max_length=1024)]
 
 
-class CompatRecord(_Strict):
-    """`gpudefrag.core.model.Versions`, field for field."""
-
-    gpu_model: str | None = None
-    gpu_count: int | None = None
-    driver: str | None = None
-    cuda: str | None = None
-    engine: str | None = None
-    model: str | None = None
-    cpu_arch: str | None = None
-    kernel: str | None = None
-    checkpointer: str | None = None
-
-    def to_versions(self) -> Versions:
-        return Versions(**self.model_dump())
+class CompatRecord(VersionsIn):
+    """The compatibility record: `gpudefrag.core.model.Versions`, field for field (the snapshot's own model)."""
 
     @classmethod
     def of(cls, v: Versions) -> CompatRecord:

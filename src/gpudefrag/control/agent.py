@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from ..fileio import write_json_atomic
 
 
 class CkptState(StrEnum):
@@ -84,26 +84,6 @@ class Agent(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------- files
-def write_json_durable(path: Path, doc: Any) -> None:
-    """Write-then-rename with fsync: a reader never sees half a file, a crash never leaves one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -161,7 +141,7 @@ class FileAgent:
         jd = JobDir(self.run_dir, workload_id)
         if jd.request(request_id).exists() or jd.response(request_id).exists():
             return
-        write_json_durable(jd.request(request_id), {"id": request_id, "stop": stop, "at": time.time()})
+        write_json_atomic(jd.request(request_id), {"id": request_id, "stop": stop, "at": time.time()})
         status = read_json(jd.status) or {}
         # USR2 kills a wrapper that has not installed its handler yet, so signal only a wrapper whose current
         # start has reported (a stale status from before a requeue says "checkpointed" or "exited")
@@ -190,7 +170,7 @@ class FileAgent:
         return bool(v.ok), str(v.reason)
 
     def set_ticket(self, workload_id: str, ticket: Ticket) -> None:
-        write_json_durable(JobDir(self.run_dir, workload_id).ticket, asdict(ticket))
+        write_json_atomic(JobDir(self.run_dir, workload_id).ticket, asdict(ticket))
 
     def run_status(self, workload_id: str) -> RunStatus | None:
         doc = read_json(JobDir(self.run_dir, workload_id).status)

@@ -2,36 +2,21 @@
 
 from __future__ import annotations
 
-import gc
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from ...core.model import ClusterState
 from ...errors import InputError
+from ...fileio import bulk_allocation
 from ...snapshot import load_snapshot_dict, read_document
 from .convert import KubeCluster, to_cluster
 from .dump import KubeObjects as _Objs
 from .dump import add_document, is_kube_document, load_objects
 
 
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """A dump is millions of small acyclic objects: the cyclic collector would walk them all again and again
-    while they are built (a third of the load time of a 1,000-node dump). Reference counting frees them."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def load_dump(path: str | os.PathLike[str]) -> KubeCluster:
     """A `kubectl get ... -o json` dump (file or folder). Raises InputError naming the file and JSON path."""
-    with _no_gc():
+    with bulk_allocation():
         return to_cluster(load_objects(path), strict=True)
 
 
@@ -58,7 +43,7 @@ def load_cluster_state(path: str | os.PathLike[str] | None, *, kube: bool = Fals
     p = Path(path)
     if p.is_dir():
         return load_dump(p).state
-    with _no_gc():
+    with bulk_allocation():
         doc = read_document(p)
     if is_kube_document(doc):
         objs = _Objs(source=str(path))
@@ -66,6 +51,6 @@ def load_cluster_state(path: str | os.PathLike[str] | None, *, kube: bool = Fals
         if not objs.nodes:
             raise InputError(str(path), "items", "holds no Node objects; dump with `kubectl get nodes,pods,"
                              "resourcequotas,poddisruptionbudgets,events -A -o json`")
-        with _no_gc():
+        with bulk_allocation():
             return to_cluster(objs, strict=True).state
     return load_snapshot_dict(doc, str(path))
