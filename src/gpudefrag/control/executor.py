@@ -71,6 +71,40 @@ def crash_hook_from_env() -> Callable[[Migration], None] | None:
     return hook
 
 
+def admit(journal: Journal, config: ExecutorConfig, moves: Iterable[MoveLike], *, now: float, reason: str,
+          data: Callable[[MoveLike], dict[str, Any]]) -> Admission:
+    """The disruption budget, shared by every engine's executor: journal (PLANNED) the moves that fit under
+    it — one migration per workload, at most `max_concurrent` in flight, `max_per_node` per node (source or
+    target), `max_per_hour` started — and defer the rest, each with why."""
+    active = journal.active()
+    per_node: dict[str, int] = {}
+    for m in active:
+        for n in {m.source, m.target}:
+            per_node[n] = per_node.get(n, 0) + 1
+    busy = {m.workload_id for m in active}
+    started_hour = journal.started_since(now - 3600) if config.max_per_hour is not None else 0
+    admitted: list[Migration] = []
+    deferred: list[tuple[str, str]] = []
+    for mv in moves:
+        nodes = {mv.source, mv.target}
+        if mv.workload_id in busy:
+            deferred.append((mv.workload_id, "already being moved"))
+        elif len(active) + len(admitted) >= config.max_concurrent:
+            deferred.append((mv.workload_id, f"budget: {config.max_concurrent} moves in flight"))
+        elif any(per_node.get(n, 0) >= config.max_per_node for n in nodes):
+            full = "/".join(sorted(n for n in nodes if per_node.get(n, 0) >= config.max_per_node))
+            deferred.append((mv.workload_id, f"budget: {config.max_per_node} move(s) per node in flight on {full}"))
+        elif config.max_per_hour is not None and started_hour + len(admitted) >= config.max_per_hour:
+            deferred.append((mv.workload_id, f"budget: {config.max_per_hour} moves per hour"))
+        else:
+            m = journal.create(mv.workload_id, mv.source, mv.target, reason=reason, data=data(mv))
+            admitted.append(m)
+            busy.add(mv.workload_id)
+            for n in nodes:
+                per_node[n] = per_node.get(n, 0) + 1
+    return Admission(tuple(admitted), tuple(deferred))
+
+
 class Executor:
     def __init__(self, engine: Engine, agent: Agent, journal: Journal, config: ExecutorConfig | None = None, *,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None) -> None:
@@ -90,39 +124,17 @@ class Executor:
 
     def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None) -> Admission:
         """Journal the moves the budget allows (PLANNED); the rest are deferred, each with why."""
-        active = self.active()
-        per_node: dict[str, int] = {}
-        for m in active:
-            for n in {m.source, m.target}:
-                per_node[n] = per_node.get(n, 0) + 1
-        busy = {m.workload_id for m in active}
-        started_hour = (self.journal.started_since(self.clock() - 3600)
-                        if self.config.max_per_hour is not None else 0)
-        admitted: list[Migration] = []
-        deferred: list[tuple[str, str]] = []
-        for mv in moves:
-            nodes = {mv.source, mv.target}
-            if mv.workload_id in busy:
-                deferred.append((mv.workload_id, "already being moved"))
-            elif len(active) + len(admitted) >= self.config.max_concurrent:
-                deferred.append((mv.workload_id, f"budget: {self.config.max_concurrent} moves in flight"))
-            elif any(per_node.get(n, 0) >= self.config.max_per_node for n in nodes):
-                full = "/".join(sorted(n for n in nodes if per_node.get(n, 0) >= self.config.max_per_node))
-                deferred.append((mv.workload_id,
-                                 f"budget: {self.config.max_per_node} move(s) per node in flight on {full}"))
-            elif self.config.max_per_hour is not None and started_hour + len(admitted) >= self.config.max_per_hour:
-                deferred.append((mv.workload_id, f"budget: {self.config.max_per_hour} moves per hour"))
-            else:
-                data = {"target_gpus": list(getattr(mv, "target_gpus", ()) or ())}
-                if plan:
-                    data["plan"] = plan
-                m = self.journal.create(mv.workload_id, mv.source, mv.target, reason=reason, data=data)
-                admitted.append(m)
-                busy.add(mv.workload_id)
-                for n in nodes:
-                    per_node[n] = per_node.get(n, 0) + 1
-                self.log(f"migration {m.id}: {m.workload_id} {m.source} -> {m.target} planned ({reason})")
-        return Admission(tuple(admitted), tuple(deferred))
+
+        def data(mv: MoveLike) -> dict[str, Any]:
+            d: dict[str, Any] = {"target_gpus": list(getattr(mv, "target_gpus", ()) or ())}
+            if plan:
+                d["plan"] = plan
+            return d
+
+        admission = admit(self.journal, self.config, moves, now=self.clock(), reason=reason, data=data)
+        for m in admission.admitted:
+            self.log(f"migration {m.id}: {m.workload_id} {m.source} -> {m.target} planned ({reason})")
+        return admission
 
     # ------------------------------------------------------------------ driving
     def tick(self) -> list[Migration]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...control.executor import Admission, ExecutorConfig, MoveLike
+from ...control.executor import Admission, ExecutorConfig, MoveLike, admit
 from ...control.journal import Journal, Migration, MigrationState
 from .engine import KubernetesEngine
 from .executor import Executor, Publisher
@@ -43,34 +43,10 @@ class KubeMoveExecutor:
         return {m.workload_id for m in self.active()}
 
     def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None) -> Admission:
-        """Journal the moves the budget allows; the rest are deferred with why (same rules as the Slurm side)."""
-        active = self.active()
-        per_node: dict[str, int] = {}
-        for m in active:
-            for n in {m.source, m.target}:
-                per_node[n] = per_node.get(n, 0) + 1
-        busy = {m.workload_id for m in active}
-        hour = self.journal.started_since(self.clock() - 3600) if self.config.max_per_hour is not None else 0
-        admitted: list[Migration] = []
-        deferred: list[tuple[str, str]] = []
-        for mv in moves:
-            nodes = {mv.source, mv.target}
-            if mv.workload_id in busy:
-                deferred.append((mv.workload_id, "already being moved"))
-            elif len(active) + len(admitted) >= self.config.max_concurrent:
-                deferred.append((mv.workload_id, f"budget: {self.config.max_concurrent} moves in flight"))
-            elif any(per_node.get(n, 0) >= self.config.max_per_node for n in nodes):
-                deferred.append((mv.workload_id, f"budget: {self.config.max_per_node} move(s) per node in flight"))
-            elif self.config.max_per_hour is not None and hour + len(admitted) >= self.config.max_per_hour:
-                deferred.append((mv.workload_id, f"budget: {self.config.max_per_hour} moves per hour"))
-            else:
-                m = self.journal.create(mv.workload_id, mv.source, mv.target, reason=reason,
-                                        data={"engine": ENGINE, "plan": plan or {}})
-                admitted.append(m)
-                busy.add(mv.workload_id)
-                for n in nodes:
-                    per_node[n] = per_node.get(n, 0) + 1
-        return Admission(tuple(admitted), tuple(deferred))
+        """Journal the moves the budget allows; the rest are deferred with why (the same rules as the Slurm
+        side: `gpudefrag.control.executor.admit`)."""
+        return admit(self.journal, self.config, moves, now=self.clock(), reason=reason,
+                     data=lambda _mv: {"engine": ENGINE, "plan": plan or {}})
 
     def tick(self) -> list[Migration]:
         out: list[Migration] = []
