@@ -4,25 +4,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..engines.kubernetes import (
-    Executor,
-    InMemoryApi,
-    KubeCluster,
-    MoveOptions,
-    SimpleMove,
-    build_moves,
-    diagnose_kube,
-    load_kube,
-)
-from ..engines.kubernetes.convert import MOVABLE_LABEL, as_dict_info
 from ..snapshot import state_to_dict, write_json_atomic
 from .common import JsonOpt, console, emit_json, fail
 from .core_cmds import print_diagnosis
+
+if TYPE_CHECKING:  # the Kubernetes client loads only when a kube command runs, not with every `gpudefrag`
+    from ..engines.kubernetes import KubeCluster
 
 kube_app = typer.Typer(help="Kubernetes: diagnose a live cluster or a kubectl dump, snapshot it, plan moves as "
                        "API operations.", no_args_is_help=True)
@@ -37,6 +30,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _load(source: Path | None, kube: bool, context: str | None) -> KubeCluster:
+    from ..engines.kubernetes import load_kube
+
     return load_kube(source, live=kube, context=context)
 
 
@@ -56,6 +51,8 @@ def kube_diagnose(
     cluster = _load(source, kube, context)
     if job is not None and job not in cluster.state.workload_index:
         raise fail(f"{_src(source, cluster)}: no pod {job!r}")
+    from ..engines.kubernetes import diagnose_kube
+
     diags = diagnose_kube(cluster, [job] if job else None)
     if json_out:
         emit_json({"source": _src(source, cluster), "warnings": list(cluster.warnings),
@@ -100,6 +97,8 @@ def kube_snapshot(
 
 def _movable(cluster: KubeCluster, policy_path: Path | None) -> tuple[object, int | None]:
     """The planner's filter: pods whose owner gpudefrag can move (bare, ReplicaSet) and that the policy allows."""
+    from ..engines.kubernetes.convert import MOVABLE_LABEL
+
     flt = None
     budget = None
     if policy_path is not None:
@@ -134,6 +133,9 @@ def kube_plan(
 ) -> None:
     """The moves that let a pending pod land, each as the list of API operations that performs it.
     Exit 1 when no plan exists or a move is refused."""
+    from ..engines.kubernetes import Executor, InMemoryApi, MoveOptions, SimpleMove, build_moves
+    from ..engines.kubernetes.convert import as_dict_info
+
     if checkpoint not in ("auto", "kubelet", "app"):
         raise fail("--checkpoint must be auto, kubelet or app")
     cluster = _load(source, kube, context)
