@@ -38,6 +38,20 @@ alive() { # alive PIDFILE BINARY: the pid in the file runs that binary
   return 1
 }
 
+# The "none" plugins are the defaults; newer Slurm releases dropped some of them as plugins, and naming one
+# that is not installed is fatal. Name each only where its plugin exists (all do on Debian 12's 22.05).
+plugdir=$(dirname "$(ls /usr/lib/*/slurm-wlm/proctrack_linuxproc.so /usr/lib/*/slurm/proctrack_linuxproc.so \
+  /usr/lib64/slurm/proctrack_linuxproc.so 2>/dev/null | head -1)")
+none_plugins() {
+  local kv so
+  for kv in TaskPlugin=task/none JobAcctGatherType=jobacct_gather/none AccountingStorageType=accounting_storage/none \
+            JobCompType=jobcomp/none MpiDefault=mpi/none SwitchType=switch/none; do
+    so=${kv#*=}; so=${so/\//_}.so
+    [ -f "$plugdir/$so" ] || continue
+    case $kv in MpiDefault=*) echo "MpiDefault=none" ;; *) echo "$kv" ;; esac
+  done
+}
+
 tmp=$(mktemp)
 {
   cat <<CONF
@@ -61,12 +75,6 @@ SlurmdLogFile=$LOGD/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-SwitchType=switch/none
 MailProg=/bin/true
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1,bf_interval=5,sched_min_interval=0
@@ -81,6 +89,7 @@ KillWait=5
 MinJobAge=300
 JobRequeue=1
 CONF
+  none_plugins
   for i in $(seq 1 "$NODES"); do
     echo "NodeName=node$i NodeHostname=node$i NodeAddr=127.0.0.1 Port=$((PORT + 10 + i)) CPUs=64 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=1 RealMemory=256000 Gres=gpu:$GPUS State=UNKNOWN"
   done
