@@ -89,7 +89,7 @@ def static(
     policies: str = typer.Option(",".join(FGD_STUDY_POLICIES), "--policies", help="Comma-separated policies"),
     seeds: str = typer.Option("42-51", "--seeds", help="Seeds: 42-51 or 42,43"),
     tune: float = typer.Option(1.3, "--tune", help="Resample the pods to this multiple of GPU capacity"),
-    defrag: str = typer.Option("none", "--defrag", help="Comma-separated: none, migrate, evict"),
+    defrag: str = typer.Option("none", "--defrag", help="Comma-separated: none, migrate, evict, repack"),
     max_moves: int = typer.Option(8, "--max-moves", help="Moves per rescued pod at most"),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
     authors: Path = typer.Option(None, "--authors", help="Folder holding fgd-expected-results/ (default: the "
@@ -106,7 +106,7 @@ def static(
     from ..sim.trace import Trace, cluster_from_snapshot, load_pods, load_trace
 
     pols = _split(policies, list(POLICIES), "--policies")
-    acts = _split(defrag, ("none", "migrate", "evict"), "--defrag")
+    acts = _split(defrag, ("none", "migrate", "evict", "repack"), "--defrag")
     seed_list = parse_seeds(seeds)
     if not tune > 0:
         raise InputError("--tune", "", f"must be > 0, got {tune}")

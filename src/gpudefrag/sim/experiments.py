@@ -39,7 +39,7 @@ class StaticRun:
     policy: str
     seed: int
     tune: float = 1.3
-    defrag: str = "none"  # "none" | "migrate" | "evict"
+    defrag: str = "none"  # "none" | "migrate" | "evict" | "repack"
     max_moves: int = 8
     snapshot: str = ""  # a gpudefrag snapshot to take the cluster from instead of `nodes`
 
@@ -69,9 +69,14 @@ def run_one(run: StaticRun) -> ReplayResult:
     workload = build_workload([p.pod for p in trace.pods], cluster.capacity_milli, run.seed, run.tune)
     defrag = None
     if run.defrag != "none":
-        from .defrag import make_defragmenter
+        if run.defrag == "repack":
+            from .repack import ChainRepacker
 
-        defrag = make_defragmenter(run.defrag, max_moves=run.max_moves)
+            defrag = ChainRepacker(max_moves=run.max_moves)
+        else:
+            from .defrag import make_defragmenter
+
+            defrag = make_defragmenter(run.defrag, max_moves=run.max_moves)
     result = replay(cluster, workload, run.policy, seed=run.seed, tune=run.tune, defrag=defrag)
     if run.defrag != "none":
         result.policy = f"{run.policy}+{run.defrag}"

@@ -199,7 +199,8 @@ def replay(
             choice = defrag.rescue(cl, pod, placed, pol, rng, stats)  # places the pod itself
             if choice is not None:
                 stats.rescued += 1
-            allocated = cl.allocated_milli - pod.gpu_total  # evictions may have lost pods
+            # evictions may have lost pods; the pod itself is counted below only when it was placed
+            allocated = cl.allocated_milli - (pod.gpu_total if choice is not None else 0)
         if choice is not None:
             placed.add(pod, choice)
             allocated += pod.gpu_total

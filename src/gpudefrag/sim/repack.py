@@ -1,0 +1,332 @@
+"""Repacking defragmentation for the replay: ejection chains, when one move is not enough.
+
+Once FGD saturates a cluster the free GPU sits in pieces (< 200 milli beside 810-milli pods, < 100 milli beside
+470 + 470 pairs): to free a GPU for a failing pod, its sharing pods must go somewhere, and no hole is big enough
+for any of them (`sim/defrag.py`'s single moves find nothing). `ChainRepacker` repacks locally instead:
+
+1. **Target.** For the failing pod, the GPUs to free: a whole-GPU pod of k GPUs takes the node whose k cheapest
+   GPUs (fewest pods, then least share) hold only sharing pods; a sharing pod of share s takes a GPU with some
+   share free where ejecting a few of its pods (each smaller than s) leaves s free. CPU-only pods of the node
+   are ejected too when CPU or memory is short. The pod is placed, then its victims must be re-placed.
+2. **Chains.** A victim goes where the placement policy puts it; when it fits nowhere, it ejects, in turn, a
+   few pods smaller than itself from a GPU whose free piece plus theirs fits it, and those are re-placed the
+   same way, up to `depth` levels, trying the `breadth` cheapest GPUs at each level. Every ejected pod is
+   strictly smaller than the one that ejected it, so a chain ends; small pods sink into the small holes and
+   the large free pieces merge.
+3. **All or nothing.** Every change is logged; a rescue whose victims cannot all be re-placed, or that would move
+   more pods than allowed, is undone exactly. A pod moved (its node or GPU changed) counts once per rescue,
+   however often it was touched; a pod that ends where it started is not a move.
+
+A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. Multi-GPU
+pods that fail are checked once more with unlimited moves (not applied) and counted in
+`MoveStats.multi_gpu_failed_clearable` when a repack could have placed them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.cost import CostModel
+from ..core.model import MILLI
+from ..core.placement import Choice, Cluster, Pod, Policy
+from .costs import checkpoint_bytes, move_seconds
+from .replay import MoveStats, Placed
+
+BIG = 1 << 30
+
+
+def _kind(pod: Pod) -> int:
+    """Ejection order for CPU: CPU-only pods (easiest to re-place), sharing pods, whole-GPU pods."""
+    return 0 if pod.num_gpu == 0 else 1 if pod.is_sharing else 2
+
+
+class _Abort(Exception):
+    """The move limit of this rescue was reached."""
+
+
+@dataclass
+class _Search:
+    """One rescue's tentative changes: the cluster and `placed` are edited in place and can be undone."""
+
+    cl: Cluster
+    placed: Placed
+    policy: Policy
+    rng: np.random.Generator
+    limit: int
+    log: list[tuple[str, object, object]] = field(default_factory=list)
+    limbo: set[int] = field(default_factory=set)  # ejected pods waiting for a place (still listed in `placed`)
+    orig: dict[int, Choice] = field(default_factory=dict)  # where each touched pod started
+
+    # ------------------------------------------------------------------ reversible primitives
+    def eject(self, pid: int) -> None:
+        pod, ch = self.placed.pods[pid]
+        if pid not in self.orig:
+            self.orig[pid] = ch
+            self.log.append(("orig", pid, ch))
+            if len(self.orig) > self.limit:
+                raise _Abort
+        self.cl.remove(pod, ch)
+        self.limbo.add(pid)
+        self.log.append(("eject", pid, ch))
+
+    def put(self, pid: int, ch: Choice) -> None:
+        pod, old = self.placed.pods[pid]
+        self.cl.place(pod, ch)
+        self.placed.move(pid, ch)
+        self.limbo.discard(pid)
+        self.log.append(("put", pid, old))
+
+    def put_new(self, pod: Pod, ch: Choice) -> None:
+        self.cl.place(pod, ch)
+        self.log.append(("new", pod, ch))
+
+    def mark(self) -> int:
+        return len(self.log)
+
+    def undo(self, mark: int = 0) -> None:
+        while len(self.log) > mark:
+            op, a, b = self.log.pop()
+            if op == "eject":
+                pod, _ = self.placed.pods[a]  # type: ignore[index]
+                self.cl.place(pod, b)  # type: ignore[arg-type]
+                self.limbo.discard(a)  # type: ignore[arg-type]
+            elif op == "orig":
+                del self.orig[a]  # type: ignore[arg-type]
+            elif op == "put":
+                pod, ch = self.placed.pods[a]  # type: ignore[index]
+                self.cl.remove(pod, ch)
+                self.placed.move(a, b)  # type: ignore[arg-type]
+                self.limbo.add(a)  # type: ignore[arg-type]
+            else:
+                self.cl.remove(a, b)  # type: ignore[arg-type]
+
+    def moved(self) -> list[int]:
+        return [p for p, ch in self.orig.items() if self.placed.pods[p][1] != ch]
+
+    # ------------------------------------------------------------------ queries
+    def items(self, n: int, g: int) -> list[int]:
+        """Sharing pods on GPU g of node n (not ejected)."""
+        return [i for i in self.placed.on(n, g) if i not in self.limbo and self.placed.pods[i][0].is_sharing]
+
+    def cpu_pods(self, n: int) -> list[int]:
+        return [i for i in self.placed.on(n) if i not in self.limbo and self.placed.pods[i][0].num_gpu == 0]
+
+
+@dataclass
+class ChainRepacker:
+    """`Defragmenter` for `sim.replay.replay`: rescue a failing pod by local repacking (ejection chains)."""
+
+    max_moves: int = 16  # per rescued pod
+    budget: float = 0.1  # moves per placed pod, over the whole run
+    depth: int = 3  # chain levels below the failing pod's victims
+    breadth: int = 3  # GPUs (or nodes) tried per level
+    targets: int = 6  # nodes (or GPUs) tried for the failing pod itself
+    scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
+    movable: Callable[[Pod], bool] | None = None
+    cost_model: CostModel | None = None
+    check_clearable: bool = True  # count multi-GPU failures that unlimited moves would have rescued
+    last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)
+    _failed: dict[tuple[int, tuple[str, ...]], list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
+    _state: tuple[int, int, int] = (-1, -1, -1)
+
+    # ------------------------------------------------------------------ entry point
+    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
+               stats: MoveStats) -> Choice | None:
+        self.last_moved = []
+        if pod.num_gpu == 0:
+            return None
+        room = int(self.budget * max(len(placed.pods), 1)) - stats.moves
+        limit = min(self.max_moves, room)
+        # a pod at least as large as one that found no repack on this very cluster state is not searched again
+        state = (cl.allocated_milli, int(cl.cpu_free.sum()), limit)
+        if state != self._state:
+            self._state, self._failed = state, {}
+        key = (pod.num_gpu, pod.gpu_models)
+        dims = (pod.gpu_milli, pod.cpu_milli, pod.memory_mib)
+        known = any(all(a >= b for a, b in zip(dims, f, strict=True)) for f in self._failed.get(key, ()))
+        if limit > 0 and not known:
+            s = _Search(cl, placed, policy, rng, limit)
+            choice = self._try(s, pod)
+            if choice is not None:
+                self._commit(cl, placed, stats, s)
+                return choice
+            self._failed.setdefault(key, []).append(dims)
+        if self.check_clearable and pod.num_gpu > 1:
+            s = _Search(cl, placed, policy, rng, BIG)
+            if self._try(s, pod) is not None:
+                stats.multi_gpu_failed_clearable += 1
+            s.undo()
+        return None
+
+    def _try(self, s: _Search, pod: Pod) -> Choice | None:
+        try:
+            for n, gpus in self._targets(s, pod):
+                m = s.mark()
+                ch = self._take(s, pod, n, gpus, self.depth)
+                if ch is not None:
+                    return ch
+                s.undo(m)
+        except _Abort:
+            pass
+        s.undo()
+        return None
+
+    # ------------------------------------------------------------------ targets
+    def _movable(self, s: _Search, pid: int) -> bool:
+        return self.movable is None or self.movable(s.placed.pods[pid][0])
+
+    def _targets(self, s: _Search, pod: Pod) -> list[tuple[int, tuple[int, ...]]]:
+        """(node, GPUs) to free for the failing pod, cheapest first."""
+        cl = s.cl
+        ok_node = cl.model_mask(pod.gpu_models) & (cl.gpu_count >= pod.num_gpu) & (cl.cpu_cap >= pod.cpu_milli)
+        free = cl.free
+        if pod.is_sharing:
+            return self._share_targets(s, pod, ok_node)
+        # whole GPUs: a GPU holding a whole-GPU pod has 0 free; one with free > 0 holds only sharing pods
+        npods = s.placed.npods
+        cost = np.where(free == MILLI, 0, np.where(free > 0, npods, BIG)).astype(np.int64)
+        used = np.where(free > 0, MILLI - free, BIG)
+        key = cost * (2 * MILLI) + np.minimum(used, 2 * MILLI - 1)
+        k = pod.num_gpu
+        if k > free.shape[1]:
+            return []
+        sel = np.argsort(key, axis=1, kind="stable")[:, :k]
+        node_cost = np.take_along_axis(cost, sel, axis=1).sum(axis=1)
+        node_used = np.take_along_axis(np.where(cost > 0, used, 0), sel, axis=1).sum(axis=1)
+        short = np.maximum(pod.cpu_milli - cl.cpu_free, 0)
+        node_cost = node_cost + ((short > 0) | (cl.mem_free < pod.memory_mib))
+        nodes = np.flatnonzero(ok_node & (node_cost < BIG) & (node_cost <= s.limit) & (node_cost > 0))
+        order = np.lexsort((node_used[nodes], short[nodes], node_cost[nodes]))
+        return [(int(n), tuple(sorted(int(g) for g in sel[n]))) for n in nodes[order][: self.targets]]
+
+    def _share_targets(self, s: _Search, pod: Pod, ok_node: np.ndarray) -> list[tuple[int, tuple[int, ...]]]:
+        """GPUs with some share free where ejecting a few pods smaller than `pod` makes room."""
+        return [(n, (g,)) for n, g, _ in self._ejectable(s, pod, ok_node, pod.gpu_milli)][: self.targets]
+
+    def _ejectable(self, s: _Search, pod: Pod, ok_node: np.ndarray, size: int) -> list[tuple[int, int, list[int]]]:
+        """(node, GPU, pods to eject) where ejecting sharing pods smaller than `size` frees `size` on the GPU,
+        cheapest (fewest pods, then least share) first; at most `scan` GPUs are examined."""
+        cl = s.cl
+        free = cl.free
+        ok = (free > 0) & (free < size) & ok_node[:, None]
+        rows, cols = np.nonzero(ok)
+        if len(rows) == 0:
+            return []
+        order = np.argsort(-free[rows, cols], kind="stable")[: self.scan]
+        out: list[tuple[int, int, list[int], int]] = []
+        for i in order:
+            if len(out) >= 4 * self.breadth:
+                break
+            n, g = int(rows[i]), int(cols[i])
+            need = size - int(free[n, g])
+            cands = [p for p in s.items(n, g) if s.placed.pods[p][0].gpu_milli < size and self._movable(s, p)]
+            if sum(s.placed.pods[p][0].gpu_milli for p in cands) < need:
+                continue
+            cands.sort(key=lambda p: s.placed.pods[p][0].gpu_milli)
+            one = next((p for p in cands if s.placed.pods[p][0].gpu_milli >= need), None)
+            if one is not None:
+                pick = [one]  # the smallest single pod that is enough
+            else:
+                pick, got = [], 0
+                for p in reversed(cands):
+                    pick.append(p)
+                    got += s.placed.pods[p][0].gpu_milli
+                    if got >= need:
+                        break
+            out.append((n, g, pick, sum(s.placed.pods[p][0].gpu_milli for p in pick)))
+        out.sort(key=lambda t: (len(t[2]), t[3]))
+        return [(n, g, pick) for n, g, pick, _ in out]
+
+    # ------------------------------------------------------------------ one step
+    def _take(self, s: _Search, pod: Pod, n: int, gpus: tuple[int, ...], depth: int) -> Choice | None:
+        """Free `gpus` of node n for the (not yet placed) pod, place it, and re-place its victims."""
+        cl = s.cl
+        if pod.is_sharing:
+            g = gpus[0]
+            need = pod.gpu_milli - int(cl.free[n, g])
+            victims = []
+            if need > 0:
+                cands = sorted((p for p in s.items(n, g) if s.placed.pods[p][0].gpu_milli < pod.gpu_milli),
+                               key=lambda p: s.placed.pods[p][0].gpu_milli)
+                one = next((p for p in cands if s.placed.pods[p][0].gpu_milli >= need), None)
+                if one is not None:
+                    victims = [one]
+                else:
+                    got = 0
+                    for p in reversed(cands):
+                        victims.append(p)
+                        got += s.placed.pods[p][0].gpu_milli
+                        if got >= need:
+                            break
+        else:
+            victims = sorted({p for g in gpus for p in s.items(n, g)})
+        if not all(self._movable(s, v) for v in victims):
+            return None
+        for v in victims:
+            s.eject(v)
+        if any(cl.free[n, g] < pod.gpu_milli for g in gpus):
+            return None
+        # CPU or memory short: eject other pods of the node: CPU-only pods, then sharing pods, then whole-GPU pods
+        # of its other GPUs (the most CPU first within each kind); they are re-placed like the victims
+        if cl.cpu_free[n] < pod.cpu_milli or cl.mem_free[n] < pod.memory_mib:
+            mine = set(gpus)
+            others = [i for i in s.placed.on(n) if i not in s.limbo and self._movable(s, i)
+                      and not set(s.placed.pods[i][1].gpus) & mine]
+            others.sort(key=lambda i: (_kind(s.placed.pods[i][0]), -s.placed.pods[i][0].cpu_milli))
+            for p in others:
+                if cl.cpu_free[n] >= pod.cpu_milli and cl.mem_free[n] >= pod.memory_mib:
+                    break
+                s.eject(p)
+                victims.append(p)
+            if cl.cpu_free[n] < pod.cpu_milli or cl.mem_free[n] < pod.memory_mib:
+                return None
+        ch = Choice(n, gpus)
+        s.put_new(pod, ch)
+        for v in sorted(victims, key=lambda i: -s.placed.pods[i][0].gpu_total):
+            if not self._insert(s, v, depth):
+                return None
+        return ch
+
+    def _insert(self, s: _Search, pid: int, depth: int) -> bool:
+        """Re-place an ejected pod: where the policy puts it, else by ejecting smaller pods (a chain)."""
+        pod = s.placed.pods[pid][0]
+        ch = s.policy.choose(s.cl, pod, s.rng)
+        if ch is not None:
+            s.put(pid, ch)
+            return True
+        if depth <= 0 or not pod.is_sharing:
+            return False
+        cl = s.cl
+        ok_node = cl.model_mask(pod.gpu_models) & (cl.cpu_free >= pod.cpu_milli) & (cl.mem_free >= pod.memory_mib)
+        tried = 0
+        for n, g, pick in self._ejectable(s, pod, ok_node, pod.gpu_milli):
+            if pick and all(p in s.orig and s.placed.pods[p][1] != s.orig[p] for p in pick):
+                continue  # do not bounce pods that already moved in this rescue
+            m = s.mark()
+            for p in pick:
+                s.eject(p)
+            if cl.free[n, g] >= pod.gpu_milli:
+                s.put(pid, Choice(n, (g,)))
+                pick.sort(key=lambda i: -s.placed.pods[i][0].gpu_milli)
+                if all(self._insert(s, p, depth - 1) for p in pick):
+                    return True
+            s.undo(m)
+            tried += 1
+            if tried >= self.breadth:
+                break
+        return False
+
+    # ------------------------------------------------------------------ commit
+    def _commit(self, cl: Cluster, placed: Placed, stats: MoveStats, s: _Search) -> None:
+        for pid in s.moved():
+            p, now = placed.pods[pid]
+            was = s.orig[pid]
+            self.last_moved.append((pid, was, now))
+            stats.moves += 1
+            b = checkpoint_bytes(p, cl.models[was.node])
+            stats.moved_milli += p.gpu_total
+            stats.moved_bytes += b
+            stats.move_seconds += move_seconds(b, self.cost_model)

@@ -1,0 +1,167 @@
+"""The chain repacker: rescues that need more than one hop, exact undo, and the bookkeeping of moves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpudefrag.core.model import MILLI
+from gpudefrag.core.placement import Choice, Cluster, Pod, get_policy
+from gpudefrag.sim.defrag import ArrayDefragmenter
+from gpudefrag.sim.repack import ChainRepacker
+from gpudefrag.sim.replay import MoveStats, Placed, allocation_ok, replay
+from gpudefrag.sim.trace import fgd_mix
+
+from .conftest import make_cluster
+
+
+def _setup(rows, pods_at, cpu=None):
+    cl = make_cluster([[MILLI] * len(r) for r in rows], cpu=cpu, mix=fgd_mix([Pod(1, MILLI)]))
+    placed = Placed.for_cluster(cl)
+    for pod, ch in pods_at:
+        cl.place(pod, ch)
+        placed.add(pod, ch)
+    return cl, placed
+
+
+def _snapshot(cl: Cluster, placed: Placed):
+    return (cl.free.copy(), cl.cpu_free.copy(), cl.mem_free.copy(), cl.tags.copy(), placed.npods.copy(),
+            dict(placed.pods))
+
+
+def _consistent(cl: Cluster, placed: Placed, extra=()) -> bool:
+    """The cluster's arrays are exactly what the registered pods (plus `extra`) use: each pod once."""
+    free = np.where(cl.free >= 0, MILLI, -1)
+    cpu = cl.cpu_cap.copy()
+    for pod, ch in list(placed.pods.values()) + list(extra):
+        for g in ch.gpus:
+            free[ch.node, g] -= pod.gpu_milli
+        cpu[ch.node] -= pod.cpu_milli
+    npods = np.zeros_like(placed.npods)
+    for _, ch in placed.pods.values():
+        for g in ch.gpus:
+            npods[ch.node, g] += 1
+    return (np.array_equal(free, cl.free) and np.array_equal(cpu, cl.cpu_free)
+            and np.array_equal(npods, placed.npods) and allocation_ok(cl))
+
+
+# node 0: GPU0 = A 400 (600 free), GPU1 = B 600 + C 200 (200 free); node 1: GPU0 = D 800 (200 free),
+# GPU1 = E 900 (100 free). A whole-GPU pod fits nowhere, and no single move frees a GPU (A fits in no hole);
+# the chain A → node 0 GPU1 (after ejecting C), C → node 1 GPU0 does.
+A, B, C, D, E = Pod(1, 400), Pod(1, 600), Pod(1, 200), Pod(1, 800), Pod(1, 900)
+CHAIN = [(A, Choice(0, (0,))), (B, Choice(0, (1,))), (C, Choice(0, (1,))), (D, Choice(1, (0,))), (E, Choice(1, (1,)))]
+
+
+def test_a_two_hop_chain_frees_a_gpu_where_single_moves_cannot():
+    want = Pod(1, MILLI)
+    pol = get_policy("bestfit")
+    cl, placed = _setup([[MILLI] * 2] * 2, CHAIN)
+    assert pol.choose(cl, want, np.random.default_rng(0)) is None
+    assert ArrayDefragmenter("migrate", max_moves=8, budget=10).rescue(
+        cl, want, placed, pol, np.random.default_rng(0), MoveStats()) is None
+    stats = MoveStats()
+    d = ChainRepacker(max_moves=8, budget=10)
+    ch = d.rescue(cl, want, placed, pol, np.random.default_rng(0), stats)
+    assert ch == Choice(0, (0,))
+    assert stats.moves == 2 and stats.moved_milli == 600 and stats.moved_bytes > 0 and stats.move_seconds > 20
+    assert {(placed.pods[p][0], now) for p, _, now in d.last_moved} == {(A, Choice(0, (1,))), (C, Choice(1, (0,)))}
+    assert all(was != now for _, was, now in d.last_moved)
+    assert list(cl.free[0]) == [0, 0] and list(cl.free[1]) == [0, 100]
+    assert len(placed.pods) == 5 and _consistent(cl, placed, [(want, ch)])
+
+
+def test_a_rescue_over_the_move_limit_is_undone_exactly():
+    want = Pod(1, MILLI)
+    pol = get_policy("bestfit")
+    cl, placed = _setup([[MILLI] * 2] * 2, CHAIN)
+    before = _snapshot(cl, placed)
+    stats = MoveStats()
+    assert ChainRepacker(max_moves=1, budget=10).rescue(cl, want, placed, pol, np.random.default_rng(0), stats) is None
+    after = _snapshot(cl, placed)
+    assert all(np.array_equal(a, b) for a, b in zip(before[:5], after[:5], strict=True))
+    assert before[5] == after[5] and stats.moves == 0 and _consistent(cl, placed)
+
+
+def test_the_global_budget_stops_moves():
+    cl, placed = _setup([[MILLI] * 2] * 2, CHAIN)
+    stats = MoveStats()
+    # 5 placed pods × 0.2 = 1 move allowed: the two-move chain is not made
+    assert ChainRepacker(budget=0.2).rescue(cl, Pod(1, MILLI), placed, get_policy("bestfit"),
+                                            np.random.default_rng(0), stats) is None
+    assert stats.moves == 0
+
+
+def test_a_sharing_pod_gets_room_by_ejecting_smaller_pods():
+    # node 0: GPU0 = 300 + 250 (450 free), GPU1 = 650 (350 free); node 1: 740 (260 free). An 800 pod fits
+    # nowhere and no single move makes room; a chain of smaller pods does.
+    p300, p250, p650, p740 = Pod(1, 300), Pod(1, 250), Pod(1, 650), Pod(1, 740)
+    cl, placed = _setup([[MILLI] * 2, [MILLI]], [(p300, Choice(0, (0,))), (p250, Choice(0, (0,))),
+                                                (p650, Choice(0, (1,))), (p740, Choice(1, (0,)))])
+    want = Pod(1, 800)
+    pol = get_policy("bestfit")
+    assert ArrayDefragmenter("migrate", max_moves=8, budget=10).rescue(
+        cl, want, placed, pol, np.random.default_rng(0), MoveStats()) is None
+    stats = MoveStats()
+    d = ChainRepacker(budget=10)
+    ch = d.rescue(cl, want, placed, pol, np.random.default_rng(0), stats)
+    assert ch is not None and ch.node == 0
+    assert 2 <= stats.moves <= 3 and stats.moves == len(d.last_moved)
+    assert int(cl.free[cl.free >= 0].sum()) == 3 * MILLI - 300 - 250 - 650 - 740 - 800
+    assert _consistent(cl, placed, [(want, ch)])
+
+
+def test_cpu_short_node_sheds_a_cpu_only_pod():
+    # node 0 has a free GPU but a CPU-only pod holds its CPU; node 1 has CPU but no free GPU
+    hog, full = Pod(0, 0, 60_000), Pod(2, MILLI, 1_000)
+    cl, placed = _setup([[MILLI], [MILLI] * 2], [(hog, Choice(0, ())), (full, Choice(1, (0, 1)))])
+    want = Pod(1, MILLI, 8_000)
+    stats = MoveStats()
+    ch = ChainRepacker(budget=10).rescue(cl, want, placed, get_policy("bestfit"), np.random.default_rng(0), stats)
+    assert ch == Choice(0, (0,)) and stats.moves == 1
+    assert placed.pods[0][1] == Choice(1, ())
+    assert _consistent(cl, placed, [(want, ch)])
+
+
+def test_multi_gpu_pod_clearable_is_counted_when_no_budget():
+    # a 2-GPU pod needs node 0 cleared (two small pods that fit on node 1); no budget: not done, but counted
+    s1, s2 = Pod(1, 100), Pod(1, 150)
+    cl, placed = _setup([[MILLI] * 2, [MILLI]], [(s1, Choice(0, (0,))), (s2, Choice(0, (1,)))])
+    before = _snapshot(cl, placed)
+    stats = MoveStats()
+    d = ChainRepacker(budget=0.0)
+    assert d.rescue(cl, Pod(2, MILLI), placed, get_policy("bestfit"), np.random.default_rng(0), stats) is None
+    assert stats.multi_gpu_failed_clearable == 1 and stats.moves == 0
+    assert all(np.array_equal(a, b) for a, b in zip(before[:5], _snapshot(cl, placed)[:5], strict=True))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bookkeeping_over_random_replays(seed):
+    rng = np.random.default_rng(seed)
+    sizes = [(1, 230), (1, 320), (1, 470), (1, 650), (1, 810), (1, MILLI), (2, MILLI), (0, 0)]
+    pods = [Pod(k, m if k else 0, int(rng.integers(0, 9)) * 1000)
+            for k, m in (sizes[i] for i in rng.integers(len(sizes), size=80))]
+    cl = make_cluster([[MILLI] * 4, [MILLI] * 4, [MILLI] * 2, [MILLI] * 2], cpu=[32_000] * 4, mix=fgd_mix(pods))
+    pol = get_policy("fgd")
+    placed = Placed.for_cluster(cl)
+    stats = MoveStats()
+    d = ChainRepacker(max_moves=6, budget=0.5)
+    r = np.random.default_rng(seed)
+    moved = 0
+    for pod in pods:
+        ch = pol.choose(cl, pod, r)
+        if ch is not None:
+            cl.place(pod, ch)
+        else:
+            ch = d.rescue(cl, pod, placed, pol, r, stats)
+            if ch is not None:
+                moved += len(d.last_moved)
+                assert all(was != now for _, was, now in d.last_moved)
+                assert len(d.last_moved) <= 6
+        if ch is not None:
+            placed.add(pod, ch)
+        assert _consistent(cl, placed)
+    assert stats.moves == moved <= 0.5 * len(placed.pods) + 1
+    # and through the replay itself
+    res = replay(make_cluster([[MILLI] * 4] * 3, mix=fgd_mix(pods)), pods, "fgd", seed=seed,
+                 defrag=ChainRepacker(budget=0.5))
+    assert (np.diff(res.alloc_pct) >= -1e-9).all() and res.alloc_pct[-1] <= 100.0
