@@ -123,6 +123,8 @@ class ChainRepacker:
     budget: float = 0.1  # moves per placed pod, over the whole run
     depth: int = 3  # chain levels below the failing pod's victims
     breadth: int = 3  # GPUs (or nodes) tried per level
+    whole_moves: bool = False  # a one-GPU pod may take the GPU of a whole-GPU pod that fits elsewhere
+    swaps: bool = False  # also eject pods of the same share that ask for less CPU (chains that free CPU)
     targets: int = 6  # nodes (or GPUs) tried for the failing pod itself
     scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
     movable: Callable[[Pod], bool] | None = None
@@ -188,7 +190,10 @@ class ChainRepacker:
         # whole GPUs: a GPU holding a whole-GPU pod has 0 free; one with free > 0 holds only sharing pods
         npods = s.placed.npods
         cost = np.where(free == MILLI, 0, np.where(free > 0, npods, BIG)).astype(np.int64)
-        used = np.where(free > 0, MILLI - free, BIG)
+        if self.whole_moves and pod.num_gpu == 1:
+            # a GPU held by one whole-GPU pod: that pod may fit a free GPU on a node whose CPU this pod lacks
+            cost = np.where((free == 0) & (npods == 1), 1, cost)
+        used = np.where(free > 0, MILLI - free, np.where(free == 0, MILLI, BIG))
         key = cost * (2 * MILLI) + np.minimum(used, 2 * MILLI - 1)
         k = pod.num_gpu
         if k > free.shape[1]:
@@ -222,7 +227,7 @@ class ChainRepacker:
                 break
             n, g = int(rows[i]), int(cols[i])
             need = size - int(free[n, g])
-            cands = [p for p in s.items(n, g) if s.placed.pods[p][0].gpu_milli < size and self._movable(s, p)]
+            cands = [p for p in s.items(n, g) if self._smaller(s.placed.pods[p][0], pod, size) and self._movable(s, p)]
             if sum(s.placed.pods[p][0].gpu_milli for p in cands) < need:
                 continue
             cands.sort(key=lambda p: s.placed.pods[p][0].gpu_milli)
@@ -239,6 +244,10 @@ class ChainRepacker:
             out.append((n, g, pick, sum(s.placed.pods[p][0].gpu_milli for p in pick)))
         out.sort(key=lambda t: (len(t[2]), t[3]))
         return [(n, g, pick) for n, g, pick, _ in out]
+
+    def _smaller(self, q: Pod, pod: Pod, size: int) -> bool:
+        """May `q` be ejected to make room for `pod`: a smaller share, or (`swaps`) the same share and less CPU."""
+        return q.gpu_milli < size or (self.swaps and q.gpu_milli == size and q.cpu_milli < pod.cpu_milli)
 
     # ------------------------------------------------------------------ one step
     def _take(self, s: _Search, pod: Pod, n: int, gpus: tuple[int, ...], depth: int) -> Choice | None:
@@ -262,7 +271,7 @@ class ChainRepacker:
                         if got >= need:
                             break
         else:
-            victims = sorted({p for g in gpus for p in s.items(n, g)})
+            victims = sorted({p for g in gpus for p in s.placed.on(n, g) if p not in s.limbo})
         if not all(self._movable(s, v) for v in victims):
             return None
         for v in victims:
@@ -300,7 +309,9 @@ class ChainRepacker:
         if depth <= 0 or not pod.is_sharing:
             return False
         cl = s.cl
-        ok_node = cl.model_mask(pod.gpu_models) & (cl.cpu_free >= pod.cpu_milli) & (cl.mem_free >= pod.memory_mib)
+        ok_node = cl.model_mask(pod.gpu_models)
+        if not self.swaps:
+            ok_node = ok_node & (cl.cpu_free >= pod.cpu_milli) & (cl.mem_free >= pod.memory_mib)
         tried = 0
         for n, g, pick in self._ejectable(s, pod, ok_node, pod.gpu_milli):
             if pick and all(p in s.orig and s.placed.pods[p][1] != s.orig[p] for p in pick):
@@ -308,7 +319,8 @@ class ChainRepacker:
             m = s.mark()
             for p in pick:
                 s.eject(p)
-            if cl.free[n, g] >= pod.gpu_milli:
+            if (cl.free[n, g] >= pod.gpu_milli and cl.cpu_free[n] >= pod.cpu_milli
+                    and cl.mem_free[n] >= pod.memory_mib):
                 s.put(pid, Choice(n, (g,)))
                 pick.sort(key=lambda i: -s.placed.pods[i][0].gpu_milli)
                 if all(self._insert(s, p, depth - 1) for p in pick):
