@@ -165,3 +165,22 @@ def test_bookkeeping_over_random_replays(seed):
     res = replay(make_cluster([[MILLI] * 4] * 3, mix=fgd_mix(pods)), pods, "fgd", seed=seed,
                  defrag=ChainRepacker(budget=0.5))
     assert (np.diff(res.alloc_pct) >= -1e-9).all() and res.alloc_pct[-1] <= 100.0
+
+
+def test_a_whole_pod_swaps_with_one_asking_less_cpu():
+    # node 0: 2 GPUs, 16 cores; W1 (1 GPU, 12 cores) on GPU0, GPU1 free but only 4 cores left.
+    # node 1: 1 GPU, 16 cores; W2 (1 GPU, 2 cores) on it, 14 cores free. P (1 GPU, 10 cores) fits nowhere.
+    # Rescue: P takes node 0 GPU1 after W1 leaves; W1 (12 cores) takes node 1's GPU; W2 (2 cores) goes to node 0 GPU0.
+    w1, w2 = Pod(1, MILLI, 12_000), Pod(1, MILLI, 2_000)
+    cl, placed = _setup([[MILLI] * 2, [MILLI]], [(w1, Choice(0, (0,))), (w2, Choice(1, (0,)))], cpu=[16_000, 16_000])
+    want = Pod(1, MILLI, 10_000)
+    pol = get_policy("bestfit")
+    assert pol.choose(cl, want, np.random.default_rng(0)) is None
+    assert ChainRepacker(budget=10, cpu_swaps=False).rescue(
+        cl, want, placed, pol, np.random.default_rng(0), MoveStats()) is None
+    stats = MoveStats()
+    ch = ChainRepacker(budget=10).rescue(cl, want, placed, pol, np.random.default_rng(0), stats)
+    assert ch is not None and ch.node == 0 and stats.moves == 2
+    assert placed.pods[0][1].node == 1 and placed.pods[1][1].node == 0
+    assert list(cl.cpu_free) == [4_000, 4_000]
+    assert _consistent(cl, placed, [(want, ch)])

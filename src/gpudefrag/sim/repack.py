@@ -124,6 +124,7 @@ class ChainRepacker:
     depth: int = 3  # chain levels below the failing pod's victims
     breadth: int = 3  # GPUs (or nodes) tried per level
     whole_moves: bool = False  # a one-GPU pod may take the GPU of a whole-GPU pod that fits elsewhere
+    cpu_swaps: bool = True  # a whole one-GPU victim may displace a whole one-GPU pod that asks for less CPU
     swaps: bool = False  # also eject pods of the same share that ask for less CPU (chains that free CPU)
     targets: int = 6  # nodes (or GPUs) tried for the failing pod itself
     scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
@@ -306,8 +307,10 @@ class ChainRepacker:
         if ch is not None:
             s.put(pid, ch)
             return True
-        if depth <= 0 or not pod.is_sharing:
+        if depth <= 0:
             return False
+        if not pod.is_sharing:
+            return self.cpu_swaps and pod.num_gpu == 1 and self._insert_whole(s, pid, depth)
         cl = s.cl
         ok_node = cl.model_mask(pod.gpu_models)
         if not self.swaps:
@@ -325,6 +328,39 @@ class ChainRepacker:
                 pick.sort(key=lambda i: -s.placed.pods[i][0].gpu_milli)
                 if all(self._insert(s, p, depth - 1) for p in pick):
                     return True
+            s.undo(m)
+            tried += 1
+            if tried >= self.breadth:
+                break
+        return False
+
+    def _insert_whole(self, s: _Search, pid: int, depth: int) -> bool:
+        """A one-GPU whole pod that fits nowhere takes the GPU of a whole one-GPU pod asking for less CPU on a
+        node with CPU to spare (the CPU-rich nodes have no free GPU, the free GPUs sit on CPU-poor nodes); that
+        pod is re-placed in turn (a free GPU where its smaller CPU fits, or the same swap one level down)."""
+        pod = s.placed.pods[pid][0]
+        cl = s.cl
+        ok = (cl.free == 0) & (s.placed.npods == 1) & cl.model_mask(pod.gpu_models)[:, None]
+        ok &= (cl.cpu_free > 0)[:, None]
+        rows, cols = np.nonzero(ok)
+        order = np.argsort(-cl.cpu_free[rows], kind="stable")[: self.scan]
+        tried = 0
+        for i in order:
+            n, g = int(rows[i]), int(cols[i])
+            held = [p for p in s.placed.on(n, g) if p not in s.limbo]
+            if len(held) != 1:
+                continue
+            w = held[0]
+            q = s.placed.pods[w][0]
+            if (q.num_gpu != 1 or q.is_sharing or q.cpu_milli >= pod.cpu_milli or not self._movable(s, w)
+                    or cl.cpu_free[n] + q.cpu_milli < pod.cpu_milli or cl.mem_free[n] + q.memory_mib < pod.memory_mib
+                    or (w in s.orig and s.placed.pods[w][1] != s.orig[w])):
+                continue
+            m = s.mark()
+            s.eject(w)
+            s.put(pid, Choice(n, (g,)))
+            if self._insert(s, w, depth - 1):
+                return True
             s.undo(m)
             tried += 1
             if tried >= self.breadth:
