@@ -12,7 +12,9 @@ for any of them (`sim/defrag.py`'s single moves find nothing). `ChainRepacker` r
    few pods smaller than itself from a GPU whose free piece plus theirs fits it, and those are re-placed the
    same way, up to `depth` levels, trying the `breadth` cheapest GPUs at each level. Every ejected pod is
    strictly smaller than the one that ejected it, so a chain ends; small pods sink into the small holes and
-   the large free pieces merge.
+   the large free pieces merge. A whole one-GPU victim (ejected for its CPU) that fits nowhere takes the GPU
+   of a whole one-GPU pod asking for less CPU on a node with CPU to spare, and that pod is re-placed in turn
+   (`cpu_swaps`): when saturated, the free GPUs sit on CPU-poor nodes and the free CPU on GPU-full ones.
 3. **All or nothing.** Every change is logged; a rescue whose victims cannot all be re-placed, or that would move
    more pods than allowed, is undone exactly. A pod moved (its node or GPU changed) counts once per rescue,
    however often it was touched; a pod that ends where it started is not a move.
