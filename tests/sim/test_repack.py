@@ -184,3 +184,17 @@ def test_a_whole_pod_swaps_with_one_asking_less_cpu():
     assert placed.pods[0][1].node == 1 and placed.pods[1][1].node == 0
     assert list(cl.cpu_free) == [4_000, 4_000]
     assert _consistent(cl, placed, [(want, ch)])
+
+
+def test_static_run_selects_the_repacker(tmp_path):
+    from gpudefrag.sim.experiments import run_one, static_runs
+
+    from .conftest import pod_row, write_trace
+
+    nodes = [f"n{i},32000,262144,2,T4" for i in range(3)]
+    pods = [pod_row(i, 4000, 1, m) for i, m in enumerate([470, 650, 320, 810, 230, 470, 650, 1000, 1000, 1000])]
+    n, p = write_trace(tmp_path, nodes, pods)
+    (run,) = static_runs(str(n), str(p), ["fgd"], [1], defrag=["repack"], max_moves=4)
+    res = run_one(run)
+    assert res.policy == "fgd+repack" and res.stats.evictions == 0
+    assert res.alloc_pct.max() <= 100.0
