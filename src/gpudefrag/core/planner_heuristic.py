@@ -213,15 +213,7 @@ def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int) -> W
             if best is not None and work.score + sum(costs[j] for j in sub) + own >= best.score - 1e-9:
                 break
             victims = [items[j] for j in sub]
-            row = work.free[c].copy()
-            cpu, mem = work.cpu[c], work.mem[c]
-            for v in victims:
-                for g in p.ws[v].placements[0].gpus:
-                    row[g] += p.milli[v]
-                cpu += p.cpu[v]
-                mem += p.mem[v]
-            if not fits_rows(row[None, :], np.array([cpu]), np.array([mem]), gpus, milli,
-                             int(p.cpu[wi]), int(p.mem[wi]))[0]:
+            if not fits_without(p, work, c, victims, gpus, milli, int(p.cpu[wi]), int(p.mem[wi])):
                 continue
             tries += 1
             trial = work.clone()
@@ -238,6 +230,19 @@ def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int) -> W
             if best is None or trial.score < best.score - 1e-9:
                 best = trial
     return best
+
+
+def fits_without(p: Problem, work: Work, node: int, victims: list[int], gpus: int, milli: int, cpu: int,
+                 mem: int) -> bool:
+    """Whether a part of this shape fits on `node` once `victims` (workloads on it) have left."""
+    row = work.free[node].copy()
+    cpu_free, mem_free = work.cpu[node], work.mem[node]
+    for v in victims:
+        for g in p.ws[v].placements[0].gpus:
+            row[g] += p.milli[v]
+        cpu_free += p.cpu[v]
+        mem_free += p.mem[v]
+    return bool(fits_rows(row[None, :], np.array([cpu_free]), np.array([mem_free]), gpus, milli, cpu, mem)[0])
 
 
 def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -> tuple[Work | None, str]:
@@ -265,14 +270,7 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
         if best is not None and sum(costs[j] for j in sub) >= best.score - work.score - 1e-9:
             break  # the sets only get dearer: a chain in the best so far cannot be beaten any more
         chosen = [items[j] for j in sub]
-        row = work.free[i].copy()
-        cpu, mem = work.cpu[i], work.mem[i]
-        for wi in chosen:
-            for g in p.ws[wi].placements[0].gpus:
-                row[g] += p.milli[wi]
-            cpu += p.cpu[wi]
-            mem += p.mem[wi]
-        if not fits_rows(row[None, :], np.array([cpu]), np.array([mem]), part.gpus, part.milli, part.cpu, part.mem)[0]:
+        if not fits_without(p, work, i, chosen, part.gpus, part.milli, part.cpu, part.mem):
             continue
         attempts += 1
         f2 = forbid.copy()
