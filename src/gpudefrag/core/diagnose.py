@@ -17,7 +17,6 @@ import numpy as np
 from .fragmentation import (
     capacity_fits,
     eligible_mask,
-    fits_mask,
     selector_matches,
     state_model_mask,
     tolerated,
@@ -96,15 +95,12 @@ def _gpus(milli: int | float) -> str:
 
 
 class _Context:
-    """Per-state values shared by many diagnoses (masks are cached by the request's constraint key)."""
+    """Per-state values shared by many diagnoses (request masks are memoised on the state itself)."""
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
         self.whole = whole_free_counts(state)
         self._used_by_ns: dict[str, int] | None = None
-
-    def eligible(self, r: Request) -> np.ndarray:
-        return eligible_mask(self.state, r)
 
     def used_by_namespace(self) -> dict[str, int]:
         if self._used_by_ns is None:
@@ -242,7 +238,7 @@ def diagnose_request(
             )
         )
 
-    eligible = ctx.eligible(r)
+    eligible = eligible_mask(state, r)  # memoised on the state
     gpu_fit = capacity_fits(state.free_milli, state.cpu_free, state.mem_free, r)
     big_enough = model_nodes & (usable >= r.gpus_per_node)
 
@@ -299,7 +295,7 @@ def diagnose_request(
     # 8. the GPUs fit somewhere but CPU or memory do not
     gpu_ok = eligible & (((state.free_milli >= r.gpu_milli).sum(axis=1)) >= r.gpus_per_node)
     gpu_only = r.gpus_per_node > 0 and int(gpu_ok.sum()) >= r.node_count
-    fits = fits_mask(state, r) if r.gpus_per_node > 0 else eligible & gpu_fit
+    fits = eligible & gpu_fit  # what fits_mask computes, from the masks already at hand
     n_fit = int(fits.sum())
     if gpu_only and n_fit < r.node_count:
         causes.append(
