@@ -176,10 +176,11 @@ def test_a_whole_pod_swaps_with_one_asking_less_cpu():
     want = Pod(1, MILLI, 10_000)
     pol = get_policy("bestfit")
     assert pol.choose(cl, want, np.random.default_rng(0)) is None
-    assert ChainRepacker(budget=10, cpu_swaps=False).rescue(
+    assert ChainRepacker(budget=10, cpu_swaps=False, cpu_relief=False, pool=0).rescue(
         cl, want, placed, pol, np.random.default_rng(0), MoveStats()) is None
     stats = MoveStats()
-    ch = ChainRepacker(budget=10).rescue(cl, want, placed, pol, np.random.default_rng(0), stats)
+    ch = ChainRepacker(budget=10, cpu_relief=False, pool=0).rescue(cl, want, placed, pol, np.random.default_rng(0),
+                                                                    stats)
     assert ch is not None and ch.node == 0 and stats.moves == 2
     assert placed.pods[0][1].node == 1 and placed.pods[1][1].node == 0
     assert list(cl.cpu_free) == [4_000, 4_000]

@@ -1,9 +1,12 @@
-"""Repacking defragmentation for the replay: ejection chains, when one move is not enough.
+"""Repacking defragmentation for the replay: CPU relief, ejection chains, and exact pool repacks.
 
 Once FGD saturates a cluster the free GPU sits in pieces (< 200 milli beside 810-milli pods, < 100 milli beside
-470 + 470 pairs): to free a GPU for a failing pod, its sharing pods must go somewhere, and no hole is big enough
-for any of them (`sim/defrag.py`'s single moves find nothing). `ChainRepacker` repacks locally instead:
+470 + 470 pairs) and the larger free pieces sit on nodes whose CPU is exhausted: to free a GPU for a failing
+pod, its sharing pods must go somewhere, and no hole is big enough for any of them (`sim/defrag.py`'s single
+moves find nothing). `ChainRepacker` tries three things in turn, cheapest first:
 
+0. **CPU relief** (`sim/cpu_relief.py`). The pod's GPUs fit a node whose CPU or memory does not: move CPU-only
+   pods off it, or trade a heavy pod of it for a lighter pod of the same GPU shape elsewhere.
 1. **Target.** For the failing pod, the GPUs to free: a whole-GPU pod of k GPUs takes the node whose k cheapest
    GPUs (fewest pods, then least share) hold only sharing pods; a sharing pod of share s takes a GPU with some
    share free where ejecting a few of its pods (each smaller than s) leaves s free. CPU-only pods of the node
@@ -15,13 +18,15 @@ for any of them (`sim/defrag.py`'s single moves find nothing). `ChainRepacker` r
    the large free pieces merge. A whole one-GPU victim (ejected for its CPU) that fits nowhere takes the GPU
    of a whole one-GPU pod asking for less CPU on a node with CPU to spare, and that pod is re-placed in turn
    (`cpu_swaps`): when saturated, the free GPUs sit on CPU-poor nodes and the free CPU on GPU-full ones.
-3. **All or nothing.** Every change is logged; a rescue whose victims cannot all be re-placed, or that would move
+3. **Pool repack** (`sim/pool_repack.py`, one-GPU pods). CP-SAT repacks the `pool` partly used GPUs with the
+   most share free, with CPU relief for the nodes that need CPU, fewest moves first.
+4. **All or nothing.** Every change is logged; a rescue whose victims cannot all be re-placed, or that would move
    more pods than allowed, is undone exactly. A pod moved (its node or GPU changed) counts once per rescue,
    however often it was touched; a pod that ends where it started is not a move.
 
 A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. Multi-GPU
 pods that fail are checked once more with unlimited moves (not applied) and counted in
-`MoveStats.multi_gpu_failed_clearable` when a repack could have placed them.
+`MoveStats.multi_gpu_failed_clearable` when relief or a repack could have placed them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from ..core.cost import CostModel
 from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod, Policy
 from .costs import checkpoint_bytes, move_seconds
+from .cpu_relief import relieve
+from .pool_repack import pool_repack
 from .replay import MoveStats, Placed
 
 BIG = 1 << 30
@@ -47,6 +54,18 @@ def _kind(pod: Pod) -> int:
 
 class _Abort(Exception):
     """The move limit of this rescue was reached."""
+
+
+def _attempt(s: _Search, step: Callable[[], Choice | None]) -> Choice | None:
+    """Run one rescue step; when it finds nothing or passes the move limit, undo all it did."""
+    try:
+        ch = step()
+        if ch is not None:
+            return ch
+    except _Abort:
+        pass
+    s.undo()
+    return None
 
 
 @dataclass
@@ -129,6 +148,9 @@ class ChainRepacker:
     cpu_swaps: bool = True  # a whole one-GPU victim may displace a whole one-GPU pod that asks for less CPU
     swaps: bool = False  # also eject pods of the same share that ask for less CPU (chains that free CPU)
     targets: int = 6  # nodes (or GPUs) tried for the failing pod itself
+    cpu_relief: bool = True  # first try freeing CPU on a node whose GPUs fit (sim/cpu_relief.py)
+    pool: int = 16  # last, an exact repack of this many partly used GPUs (sim/pool_repack.py); 0 = off
+    pool_seconds: float = 0.3  # CP-SAT limit per pool repack, in deterministic time units (≈ seconds)
     scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
     movable: Callable[[Pod], bool] | None = None
     cost_model: CostModel | None = None
@@ -136,6 +158,7 @@ class ChainRepacker:
     last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)
     _failed: dict[tuple[int, tuple[str, ...]], list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
     _state: tuple[int, int, int] = (-1, -1, -1)
+    _pool_memo: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ entry point
     def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
@@ -154,17 +177,27 @@ class ChainRepacker:
         known = any(all(a >= b for a, b in zip(dims, f, strict=True)) for f in self._failed.get(key, ()))
         if limit > 0 and not known:
             s = _Search(cl, placed, policy, rng, limit)
-            choice = self._try(s, pod)
+            choice = self._relieve(s, pod) if self.cpu_relief else None
+            if choice is None:
+                choice = self._try(s, pod)
+            if choice is None and self.pool:
+                choice = self._pool(s, pod)
             if choice is not None:
                 self._commit(cl, placed, stats, s)
                 return choice
             self._failed.setdefault(key, []).append(dims)
         if self.check_clearable and pod.num_gpu > 1:
             s = _Search(cl, placed, policy, rng, BIG)
-            if self._try(s, pod) is not None:
+            if (self.cpu_relief and self._relieve(s, pod) is not None) or self._try(s, pod) is not None:
                 stats.multi_gpu_failed_clearable += 1
             s.undo()
         return None
+
+    def _relieve(self, s: _Search, pod: Pod) -> Choice | None:
+        return _attempt(s, lambda: relieve(s, pod, self.targets, self.movable))
+
+    def _pool(self, s: _Search, pod: Pod) -> Choice | None:
+        return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_seconds, self.movable, self._pool_memo))
 
     def _try(self, s: _Search, pod: Pod) -> Choice | None:
         try:

@@ -1,0 +1,200 @@
+"""Pool repacking: an exact repack of a few dozen partly used GPUs, to make room for one failing pod.
+
+When FGD has saturated a cluster its sharing GPUs hold pairs such as 470 + 320 (210 milli free), 650 + 230 (120),
+550 + 320 (130), 590 + 230 (180): no hole is big enough for any pod, so single moves and ejection chains (which
+only push smaller pods into holes) find nothing, yet the same pods packed differently leave whole GPUs free
+(470 + 470 | 650 + 320 | 320 + 320 + 230 ...). `pool_repack` takes `pool` partly used GPUs with the most share
+free, of as many different contents as possible (twenty 590 + 230 GPUs can never free one; a mix often can),
+and asks CP-SAT for an assignment of their pods plus the failing pod to those GPUs that respects every GPU's
+1000 milli, every node's memory and every pod's GPU models, with the fewest pods changing GPU (at most the
+search's move limit). The failing pod is one GPU: a sharing pod, or a
+whole one-GPU pod (size 1000, so its GPU must be emptied).
+
+CPU is what blocks most repacks: the GPUs with the most share free are free *because* their nodes' CPU is
+exhausted. So a node may go over its CPU budget by a deficit that CPU relief (`sim/cpu_relief.py`: moving
+CPU-only pods away, trading heavy pods for lighter twins elsewhere) can plausibly cover; each core of deficit
+costs a quarter move in the objective. The relief runs first; a node whose relief falls short is re-solved
+without a deficit (three tries). Everything is applied through `_Search`, so the caller's move accounting and
+exact undo apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from ..core.model import MILLI
+from ..core.placement import Choice, Pod
+from .cpu_relief import make_room, relief_potential, twins_of
+
+if TYPE_CHECKING:
+    from .repack import _Search
+
+
+def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
+    """Partly used GPUs with the most share free (a tie: the node with the most CPU free), one of each content
+    in turn, leaving out a GPU whose single pod sits beside a piece under 200 milli (an 810-milli pod and its
+    190: nothing in such a GPU can go anywhere, and late in a saturated run they would fill every pool)."""
+    cl = s.cl
+    free = cl.free
+    ok = (free > 0) & (free < MILLI) & ~((s.placed.npods == 1) & (free < 200))
+    rows, cols = np.nonzero(ok)
+    if len(rows) == 0:
+        return []
+    order = np.lexsort((-cl.cpu_free[rows], -free[rows, cols]))
+    # round robin over GPU contents (the multiset of shares): a pool of twenty (590 + 230) GPUs can never free
+    # one, a mixed pool often can
+    classes: dict[tuple[int, ...], list[int]] = {}
+    for i in order[: 64 * pool]:
+        n, g = int(rows[i]), int(cols[i])
+        key = tuple(sorted(s.placed.pods[p][0].gpu_milli for p in s.placed.on(n, g)))
+        classes.setdefault(key, []).append(int(i))
+    picked: list[int] = []
+    queues = list(classes.values())
+    depth = 0
+    while len(picked) < pool and any(depth < len(q) for q in queues):
+        picked.extend(q[depth] for q in queues if depth < len(q))
+        depth += 1
+    return [(int(rows[i]), int(cols[i])) for i in picked[:pool]]
+
+
+def pool_repack(s: _Search, pod: Pod, pool: int, time_limit: float, movable: Callable[[Pod], bool] | None = None,
+                memo: dict | None = None) -> Choice | None:
+    """Place the one-GPU `pod` by repacking the pool's sharing pods; None (nothing changed) if CP-SAT finds no
+    assignment within the move limit and `time_limit` seconds. `memo` remembers the pools that failed: a pod at
+    least as large (share, CPU, memory) is not tried again on an unchanged pool (the saturated tail of a replay
+    fails thousands of pods on the same pool)."""
+    if pod.num_gpu != 1:
+        return None
+    cl = s.cl
+    bins = pool_gpus(s, pool)
+    if len(bins) < 2:
+        return None
+    key = None
+    dims = (pod.gpu_milli, pod.cpu_milli, pod.memory_mib)
+    if memo is not None:
+        nodes_ = sorted({n for n, _ in bins})
+        key = (tuple(bins), tuple(int(cl.free[n, g]) for n, g in bins), tuple(int(cl.cpu_free[n]) for n in nodes_),
+               pod.gpu_models, s.limit - len(s.orig))
+        if any(all(a >= b for a, b in zip(dims, f, strict=True)) for f in memo.get(key, ())):
+            return None
+    ch = _pool_repack(s, pod, bins, time_limit, movable)
+    if ch is None and memo is not None:
+        if len(memo) > 4096:
+            memo.clear()
+        memo.setdefault(key, []).append(dims)
+    return ch
+
+
+def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: float,
+                 movable: Callable[[Pod], bool] | None) -> Choice | None:
+    cl = s.cl
+    items: list[int] = []  # pids
+    cur: list[int] = []
+    for k, (n, g) in enumerate(bins):
+        for pid in s.placed.on(n, g):
+            if pid in s.limbo:
+                continue
+            if movable is not None and not movable(s.placed.pods[pid][0]):
+                return None  # keep it simple: a pool holding an unmovable pod is not repacked
+            items.append(pid)
+            cur.append(k)
+    nodes = sorted({n for n, _ in bins})
+    cpu_budget = {n: int(cl.cpu_free[n]) for n in nodes}
+    mem_budget = {n: int(cl.mem_free[n]) for n in nodes}
+    for pid in items:
+        p, ch = s.placed.pods[pid]
+        cpu_budget[ch.node] += p.cpu_milli
+        mem_budget[ch.node] += p.memory_mib
+    pods = [s.placed.pods[pid][0] for pid in items] + [pod]
+    twins = twins_of(s)
+    potential = {n: relief_potential(s, n, {g for nn, g in bins if nn == n}, frozenset(nodes), twins)
+                 for n in nodes}
+    no_deficit: set[int] = set()
+    for _ in range(3):
+        sol = _solve(s, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential, no_deficit, time_limit)
+        if sol is None:
+            return None
+        dest, deficit = sol
+        # CPU the plan needs beyond a node's budget is freed first, by CPU relief (moves and same-shape swaps
+        # off the node, never touching the pool)
+        m = s.mark()
+        ok = True
+        for n in deficit:
+            use = sum(pods[i].cpu_milli for i in range(len(pods)) if bins[dest[i]][0] == n)
+            here = sum(pods[i].cpu_milli for i in range(len(items)) if bins[cur[i]][0] == n)
+            if not make_room(s, n, use - here, 0, {g for nn, g in bins if nn == n}, twins, frozenset(nodes),
+                             movable):
+                no_deficit.add(n)
+                ok = False
+                break
+        if ok:
+            break
+        s.undo(m)
+        twins = twins_of(s)  # the relief's swaps were undone
+    else:
+        return None
+    moving = [i for i in range(len(items)) if dest[i] != cur[i]]
+    for i in moving:
+        s.eject(items[i])
+    for i in moving:
+        n, g = bins[dest[i]]
+        s.put(items[i], Choice(n, (g,)))
+    n, g = bins[dest[-1]]
+    ch = Choice(n, (g,))
+    s.put_new(pod, ch)
+    return ch
+
+
+def _solve(s: _Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential: dict[int, int],
+           no_deficit: set[int], time_limit: float) -> tuple[list[int], dict[int, int]] | None:
+    """CP-SAT: every pod on one pool GPU, GPUs within 1000 milli, memory within each node's, CPU within each
+    node's plus a deficit (CPU relief must free it; each core of it costs a quarter move), fewest moves."""
+    cl = s.cl
+    m = cp_model.CpModel()
+    x: dict[tuple[int, int], cp_model.IntVar] = {}
+    for i, p in enumerate(pods):
+        for k, (n, _) in enumerate(bins):
+            if p.gpu_models and cl.models[n] not in p.gpu_models:
+                continue
+            if p.memory_mib > mem_budget[n] or p.cpu_milli > int(cl.cpu_cap[n]):
+                continue
+            x[i, k] = m.new_bool_var(f"x{i}_{k}")
+    for i in range(len(pods)):
+        opts = [x[i, k] for k in range(len(bins)) if (i, k) in x]
+        if not opts:
+            return None
+        m.add_exactly_one(opts)
+    unit = 10 if all(p.gpu_milli % 10 == 0 for p in pods) else 1
+    for k in range(len(bins)):
+        terms = [(x[i, k], pods[i].gpu_milli // unit) for i in range(len(pods)) if (i, k) in x]
+        m.add(sum(v * c for v, c in terms) <= MILLI // unit)
+    deficit: dict[int, cp_model.IntVar] = {}
+    for n in nodes:
+        ks = [k for k, (nn, _) in enumerate(bins) if nn == n]
+        cpu_terms = [x[i, k] * pods[i].cpu_milli for i in range(len(pods)) for k in ks if (i, k) in x]
+        mem_terms = [x[i, k] * pods[i].memory_mib for i in range(len(pods)) for k in ks if (i, k) in x]
+        hi = 0 if n in no_deficit else min(potential[n], max(int(cl.cpu_cap[n]) - cpu_budget[n], 0))
+        deficit[n] = m.new_int_var(0, hi, f"d{n}")
+        m.add(sum(cpu_terms) <= cpu_budget[n] + deficit[n])
+        m.add(sum(mem_terms) <= mem_budget[n])
+    stay = [x[i, cur[i]] for i in range(len(items)) if (i, cur[i]) in x]
+    limit = s.limit - len(s.orig)
+    m.add(sum(stay) >= len(items) - limit)
+    m.minimize(4000 * (len(items) - sum(stay)) + sum(deficit.values()))
+    for i in range(len(items)):
+        if (i, cur[i]) in x:
+            m.add_hint(x[i, cur[i]], 1)
+    solver = cp_model.CpSolver()
+    # deterministic work units, not wall time: the same replay gives the same result on a busy machine
+    solver.parameters.max_deterministic_time = time_limit
+    solver.parameters.max_time_in_seconds = 10 * time_limit
+    solver.parameters.num_workers = 1
+    st = solver.solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    dest = [next(k for k in range(len(bins)) if (i, k) in x and solver.value(x[i, k])) for i in range(len(pods))]
+    return dest, {n: int(solver.value(v)) for n, v in deficit.items() if solver.value(v) > 0}

@@ -1,0 +1,115 @@
+"""CPU relief and pool repacking: rescues that neither single moves nor ejection chains find."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpudefrag.core.model import MILLI
+from gpudefrag.core.placement import Choice, Pod, get_policy
+from gpudefrag.sim.repack import ChainRepacker
+from gpudefrag.sim.replay import MoveStats
+
+from .test_repack import _consistent, _setup, _snapshot
+
+POL = get_policy("bestfit")
+
+
+def _rescue(d: ChainRepacker, cl, want, placed):
+    stats = MoveStats()
+    ch = d.rescue(cl, want, placed, POL, np.random.default_rng(0), stats)
+    return ch, stats
+
+
+def test_a_cpu_only_pod_leaves_a_node_whose_gpu_is_free_but_whose_cpu_is_not():
+    # node 0: 2 GPUs, 16 cores; a CPU-only pod holds 14 of them; node 1: 1 GPU busy, 32 cores free
+    cpu_only, busy = Pod(0, 0, 14_000), Pod(1, MILLI, 0)
+    cl, placed = _setup([[MILLI] * 2, [MILLI]], [(cpu_only, Choice(0, ())), (busy, Choice(1, (0,)))],
+                        cpu=[16_000, 32_000])
+    want = Pod(1, MILLI, 8_000)
+    assert POL.choose(cl, want, np.random.default_rng(0)) is None
+    ch, stats = _rescue(ChainRepacker(budget=10, pool=0, depth=0), cl, want, placed)
+    assert ch is not None and ch.node == 0 and stats.moves == 1
+    assert placed.pods[0][1] == Choice(1, ())  # the CPU-only pod now runs on node 1
+    assert list(cl.cpu_free) == [8_000, 18_000]
+    assert _consistent(cl, placed, [(want, ch)])
+
+
+def test_a_heavy_pod_trades_places_with_a_light_twin_so_its_node_gets_the_cpu():
+    # node 0: 2 GPUs, 16 cores; H (1 GPU, 14 cores) on GPU0, GPU1 free, 2 cores left.
+    # node 1: 1 GPU, 32 cores; L (1 GPU, 2 cores), 30 cores free. No free GPU has the CPU for P (10 cores);
+    # swapping H and L moves 12 cores to node 0 and keeps every GPU as full as it was.
+    h, light = Pod(1, MILLI, 14_000), Pod(1, MILLI, 2_000)
+    cl, placed = _setup([[MILLI] * 2, [MILLI]], [(h, Choice(0, (0,))), (light, Choice(1, (0,)))],
+                        cpu=[16_000, 32_000])
+    want = Pod(1, MILLI, 10_000)
+    ch, stats = _rescue(ChainRepacker(budget=10, pool=0, cpu_swaps=False, depth=0), cl, want, placed)
+    assert ch == Choice(0, (1,)) and stats.moves == 2
+    assert placed.pods[0][1] == Choice(1, (0,)) and placed.pods[1][1] == Choice(0, (0,))
+    assert list(cl.cpu_free) == [4_000, 18_000]
+    assert _consistent(cl, placed, [(want, ch)])
+
+
+def test_relief_does_not_move_more_than_allowed():
+    cpu_only = [Pod(0, 0, 4_000) for _ in range(4)]
+    cl, placed = _setup([[MILLI] * 2, [MILLI]], [(p, Choice(0, ())) for p in cpu_only], cpu=[16_000, 64_000])
+    want = Pod(1, MILLI, 16_000)  # needs all four CPU-only pods gone
+    ch, _ = _rescue(ChainRepacker(max_moves=3, budget=10, pool=0, depth=0), cl, want, placed)
+    assert ch is None and all(ch.node == 0 for _, ch in placed.pods.values())
+    ch, stats = _rescue(ChainRepacker(max_moves=4, budget=10, pool=0, depth=0), cl, want, placed)
+    assert ch is not None and stats.moves == 4 and _consistent(cl, placed, [(want, ch)])
+
+
+# one node, 3 GPUs: G0 = 500 + 300, G1 = 500 + 300, G2 = 400. A whole GPU is free only after a repack
+# (500 + 500 | 300 + 300 + 400 | -): every hole is 200 or 600 milli and ejecting smaller pods into holes (the
+# chains) leads nowhere; the pool repack moves three pods.
+POOL = [(Pod(1, 500), Choice(0, (0,))), (Pod(1, 300), Choice(0, (0,))), (Pod(1, 500), Choice(0, (1,))),
+        (Pod(1, 300), Choice(0, (1,))), (Pod(1, 400), Choice(0, (2,)))]
+
+
+def test_a_pool_repack_frees_a_gpu_where_chains_cannot():
+    want = Pod(1, MILLI)
+    cl, placed = _setup([[MILLI] * 3], POOL)
+    assert _rescue(ChainRepacker(budget=10, pool=0), cl, want, placed)[0] is None
+    d = ChainRepacker(budget=10, pool=8)
+    ch, stats = _rescue(d, cl, want, placed)
+    assert ch is not None and stats.moves == 3
+    assert sorted(int(x) for x in cl.free[0]) == [0, 0, 0]
+    assert _consistent(cl, placed, [(want, ch)])
+    # every GPU within 1000 milli, nothing lost: the five pods and the new one
+    assert len(placed.pods) == 5 and sum(p.gpu_milli for p, _ in placed.pods.values()) == 2000
+
+
+def test_a_pool_repack_respects_the_move_limit_and_cpu():
+    want = Pod(1, MILLI)
+    cl, placed = _setup([[MILLI] * 3], POOL)
+    before = _snapshot(cl, placed)
+    assert _rescue(ChainRepacker(max_moves=2, budget=10, pool=8), cl, want, placed)[0] is None
+    assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+               for a, b in zip(before, _snapshot(cl, placed), strict=True))
+    # the same pods split over two nodes whose CPU is full: the repack would need CPU that nothing can free
+    rows = [[MILLI] * 2, [MILLI]]
+    pods = [(Pod(1, 500, 8_000), Choice(0, (0,))), (Pod(1, 300, 8_000), Choice(0, (0,))),
+            (Pod(1, 500, 8_000), Choice(0, (1,))), (Pod(1, 300, 8_000), Choice(0, (1,))),
+            (Pod(1, 400, 8_000), Choice(1, (0,)))]
+    cl, placed = _setup(rows, pods, cpu=[32_000, 8_000])
+    assert _rescue(ChainRepacker(budget=10, pool=8), cl, Pod(1, MILLI), placed)[0] is None
+    assert _consistent(cl, placed)
+
+
+def test_a_pool_that_failed_is_not_solved_again_for_a_pod_at_least_as_large(monkeypatch):
+    import gpudefrag.sim.pool_repack as pr
+
+    calls = []
+    real = pr._solve
+    monkeypatch.setattr(pr, "_solve", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # as the pool test, but with only two moves allowed: the pool cannot be repacked
+    cl, placed = _setup([[MILLI] * 3], POOL)
+    d = ChainRepacker(max_moves=2, budget=10, pool=8)
+    assert _rescue(d, cl, Pod(1, MILLI, 1_000), placed)[0] is None
+    first = len(calls)
+    assert first >= 1
+    d._state = (-1, -1, -1)  # forget the chain memo, keep the pool memo
+    assert _rescue(d, cl, Pod(1, MILLI, 2_000), placed)[0] is None
+    assert len(calls) == first
+    assert _rescue(ChainRepacker(max_moves=2, budget=10, pool=8), cl, Pod(1, MILLI, 2_000), placed)[0] is None
+    assert len(calls) > first  # a fresh repacker solves again
