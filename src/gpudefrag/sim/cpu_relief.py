@@ -195,6 +195,10 @@ def _best_action(s: _Search, pid: int, q: Pod, ch: Choice, n: int, need_cpu: int
             continue
         if movable is not None and not movable(s.placed.pods[r][0]):
             continue
+        b = s.placed.pods[r][1].node  # `twins` may predate an undone swap: check where r really is
+        if (b == n or b in avoid or cl.cpu_free[b] < dc[j] or cl.mem_free[b] < dm[j]
+                or (q.gpu_models and cl.models[b] not in q.gpu_models)):
+            continue
         return int(dc[j]), int(dm[j]), 2, ("swap", r)
     return None
 
