@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..core.placement import Choice, Pod, best_fit_gpu, exclusive_gpus
+from ..core.placement import Choice, Pod, gpus_for
 
 if TYPE_CHECKING:
     from .repack import _Search
@@ -54,7 +54,7 @@ def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] |
     twins = twins_of(s)
     for n in nodes:
         m = s.mark()
-        gpus = exclusive_gpus(s.cl, n, pod.num_gpu) if not pod.is_sharing else (best_fit_gpu(s.cl, n, pod.gpu_milli),)
+        gpus = gpus_for(s.cl, n, pod, "best", s.rng)
         if make_room(s, n, pod.cpu_milli, pod.memory_mib, set(gpus), twins, movable=movable):
             ch = Choice(n, gpus)
             s.put_new(pod, ch)
@@ -214,13 +214,7 @@ def _apply(s: _Search, pid: int, plan: tuple) -> None:
     if kind == "move":
         d = int(arg)
         s.eject(pid)
-        if q.num_gpu == 0:
-            gpus: tuple[int, ...] = ()
-        elif q.is_sharing:
-            gpus = (best_fit_gpu(cl, d, q.gpu_milli),)
-        else:
-            gpus = exclusive_gpus(cl, d, q.num_gpu)
-        s.put(pid, Choice(d, gpus))
+        s.put(pid, Choice(d, gpus_for(cl, d, q, "best", s.rng)))
         return
     r = int(arg)
     rch = s.placed.pods[r][1]

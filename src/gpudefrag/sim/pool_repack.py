@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from .repack import _Search
 
 
+def covered(dims: tuple[int, ...], failed) -> bool:
+    """Is a pod of these (share, CPU, memory) at least as large as one that already failed on the same state?
+    Then it fails too, and is not searched again."""
+    return any(all(a >= b for a, b in zip(dims, f, strict=True)) for f in failed)
+
+
 def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
     """Partly used GPUs with the most share free (a tie: the node with the most CPU free), one of each content
     in turn, leaving out a GPU whose single pod sits beside a piece under 200 milli (an 810-milli pod and its
@@ -79,7 +85,7 @@ def pool_repack(s: _Search, pod: Pod, pool: int, time_limit: float, movable: Cal
         nodes_ = sorted({n for n, _ in bins})
         key = (tuple(bins), tuple(int(cl.free[n, g]) for n, g in bins), tuple(int(cl.cpu_free[n]) for n in nodes_),
                pod.gpu_models, s.limit - len(s.orig))
-        if any(all(a >= b for a, b in zip(dims, f, strict=True)) for f in memo.get(key, ())):
+        if covered(dims, memo.get(key, ())):
             return None
     ch = _pool_repack(s, pod, bins, time_limit, movable)
     if ch is None and memo is not None:
@@ -111,8 +117,8 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: 
         mem_budget[ch.node] += p.memory_mib
     pods = [s.placed.pods[pid][0] for pid in items] + [pod]
     twins = twins_of(s)
-    potential = {n: relief_potential(s, n, {g for nn, g in bins if nn == n}, frozenset(nodes), twins)
-                 for n in nodes}
+    mine = {n: {g for nn, g in bins if nn == n} for n in nodes}  # each node's pool GPUs: relief leaves them be
+    potential = {n: relief_potential(s, n, mine[n], frozenset(nodes), twins) for n in nodes}
     no_deficit: set[int] = set()
     for _ in range(3):
         sol = _solve(s, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential, no_deficit, time_limit)
@@ -126,8 +132,7 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: 
         for n in deficit:
             use = sum(pods[i].cpu_milli for i in range(len(pods)) if bins[dest[i]][0] == n)
             here = sum(pods[i].cpu_milli for i in range(len(items)) if bins[cur[i]][0] == n)
-            if not make_room(s, n, use - here, 0, {g for nn, g in bins if nn == n}, twins, frozenset(nodes),
-                             movable):
+            if not make_room(s, n, use - here, 0, mine[n], twins, frozenset(nodes), movable):
                 no_deficit.add(n)
                 ok = False
                 break

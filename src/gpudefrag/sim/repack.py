@@ -41,7 +41,7 @@ from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod, Policy
 from .costs import checkpoint_bytes, move_seconds
 from .cpu_relief import relieve
-from .pool_repack import pool_repack
+from .pool_repack import covered, pool_repack
 from .replay import MoveStats, Placed
 
 BIG = 1 << 30
@@ -174,7 +174,7 @@ class ChainRepacker:
             self._state, self._failed = state, {}
         key = (pod.num_gpu, pod.gpu_models)
         dims = (pod.gpu_milli, pod.cpu_milli, pod.memory_mib)
-        known = any(all(a >= b for a, b in zip(dims, f, strict=True)) for f in self._failed.get(key, ()))
+        known = covered(dims, self._failed.get(key, ()))
         if limit > 0 and not known:
             s = _Search(cl, placed, policy, rng, limit)
             choice = self._relieve(s, pod) if self.cpu_relief else None
