@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .core.model import (
+    IMMOVABLE_REASONS,
     MILLI,
     ClusterState,
     ModelError,
@@ -33,11 +34,12 @@ from .core.model import (
     Versions,
     Workload,
     WorkloadState,
+    mig_profile,
 )
 from .errors import InputError, loc_to_path
 from .fileio import bulk_allocation, write_json_atomic
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: movable/movable_reason, checkpointer_version, scheduler, checked MIG profiles (1 still read)
 
 NonNeg = Annotated[int, Field(ge=0)]
 Name = Annotated[str, Field(min_length=1, max_length=253)]
@@ -45,6 +47,9 @@ Name = Annotated[str, Field(min_length=1, max_length=253)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+ImmovableReason = Literal[IMMOVABLE_REASONS]  # type: ignore[valid-type]
 
 
 class TaintIn(_Strict):
@@ -91,9 +96,20 @@ class NodeIn(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[TaintIn] = Field(default_factory=list)
     schedulable: bool = True
-    mig_devices: dict[str, NonNeg] = Field(default_factory=dict)
+    mig_devices: dict[str, NonNeg] = Field(default_factory=dict, description="MIG profile (e.g. "
+                                           "nvidia.com/mig-3g.40gb or 3g.40gb) -> slices the node exposes")
     node_group: str | None = None
     partitions: list[str] = Field(default_factory=list)
+    checkpointer_version: str | None = Field(None, description="e.g. 'criu 4.1.1': what a restore here runs")
+
+    @field_validator("mig_devices")
+    @classmethod
+    def _profiles(cls, v: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for k, n in v.items():
+            key = mig_profile(k)
+            out[key] = out.get(key, 0) + n
+        return out
 
 
 class PlacementIn(_Strict):
@@ -130,6 +146,13 @@ class WorkloadIn(_Strict):
     expected_end_at: float | None = None
     versions: VersionsIn | None = None
     scheduler_reason: str = ""
+    movable: bool = Field(True, description="false: no entry point ever moves it")
+    movable_reason: ImmovableReason | None = Field(None, description="why it may not move")
+
+    @field_validator("mig_profile")
+    @classmethod
+    def _profile(cls, v: str | None) -> str | None:
+        return None if v is None else mig_profile(v)
 
 
 class QuotaIn(_Strict):
@@ -149,9 +172,11 @@ class NodeGroupIn(_Strict):
 class Snapshot(_Strict):
     """A cluster at one instant."""
 
-    version: Literal[1] = FORMAT_VERSION
+    version: Literal[1, 2] = FORMAT_VERSION
     name: str = "cluster"
     now: float = 0.0
+    scheduler: Literal["", "slurm", "kubernetes"] = Field("", description="whose pending reasons the workloads "
+                                                          "carry (empty: told apart by their shape)")
     nodes: list[NodeIn]
     workloads: list[WorkloadIn] = Field(default_factory=list)
     quotas: list[QuotaIn] = Field(default_factory=list)
@@ -202,6 +227,7 @@ def _validation_error(e: ValidationError, source: str) -> InputError:
     err = e.errors(include_url=False)[0]
     more = f" (and {e.error_count() - 1} more error(s))" if e.error_count() > 1 else ""
     msg = err["msg"]
+    msg = msg.removeprefix("Value error, ")
     if err["type"] in ("missing", "extra_forbidden"):
         msg = "required field is missing" if err["type"] == "missing" else "unknown field"
     return InputError(source, loc_to_path(err["loc"]), msg + more)
@@ -229,6 +255,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
             mig_devices=dict(n.mig_devices),
             node_group=n.node_group,
             partitions=tuple(n.partitions),
+            checkpointer_version=n.checkpointer_version,
         )
         for n in snap.nodes
     ]
@@ -288,6 +315,8 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
                 expected_end_at=w.expected_end_at,
                 versions=_NO_VERSIONS if v is None else v.to_versions(),
                 scheduler_reason=w.scheduler_reason,
+                movable=w.movable,
+                movable_reason=w.movable_reason or ("" if w.movable else "other"),
             )
         )
     try:
@@ -299,6 +328,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
                          for g in snap.node_groups],
             now=snap.now,
             name=snap.name,
+            scheduler=snap.scheduler,
         )
     except ModelError as e:
         raise InputError(source, e.path, e.message) from None
@@ -368,7 +398,8 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
         d: dict[str, Any] = {"name": n.name, "gpus": n.gpu_count}
         for k, v in (("gpu_model", n.gpu_model), ("gpu_allocatable", n.gpu_allocatable),
                      ("driver_version", n.driver_version), ("cuda_version", n.cuda_version),
-                     ("cpu_arch", n.cpu_arch), ("node_group", n.node_group)):
+                     ("cpu_arch", n.cpu_arch), ("node_group", n.node_group),
+                     ("checkpointer_version", n.checkpointer_version)):
             if v is not None:
                 d[k] = v
         if n.cpu_milli:
@@ -405,6 +436,10 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
         if r.tolerations:
             d["tolerations"] = [{"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect}
                                 for t in r.tolerations]
+        if not w.movable:
+            d["movable"] = False
+            if w.movable_reason in IMMOVABLE_REASONS:
+                d["movable_reason"] = w.movable_reason
         if w.placements:
             d["placements"] = [{"node": p.node, "gpus": list(p.gpus)} for p in w.placements]
         versions = {k: getattr(w.versions, k) for k in Versions.__slots__ if getattr(w.versions, k) is not None}
@@ -413,6 +448,8 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
         workloads.append(d)
     doc: dict[str, Any] = {"version": FORMAT_VERSION, "name": state.name, "now": state.now, "nodes": nodes,
                            "workloads": workloads}
+    if state.scheduler:
+        doc["scheduler"] = state.scheduler
     if state.quotas:
         doc["quotas"] = [{"namespace": q.namespace, "gpu_limit": q.gpu_limit,
                           **({"gpu_used": q.gpu_used} if q.gpu_used is not None else {})} for q in state.quotas]
@@ -433,7 +470,7 @@ SCHEMA_PATH = Path(__file__).parent / "schema" / "snapshot.schema.json"
 def json_schema() -> dict[str, Any]:
     schema = Snapshot.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["$id"] = "https://gpudefrag.dev/schema/snapshot-v1.json"
+    schema["$id"] = "https://gpudefrag.dev/schema/snapshot-v2.json"
     return schema
 
 

@@ -141,7 +141,7 @@ def test_cluster_simply_full():
     s = build([node("a"), node("b")], [job("x", 8, "a"), job("y", 7, "b"), job("big", 2)])
     got, d = codes(s)
     assert got == (C.INSUFFICIENT_GPUS,)
-    assert d.primary.evidence == {"free_gpus": 1.0, "requested": 2.0}
+    assert d.primary.evidence == {"free_gpus": 1.0, "free_share": 1.0, "requested": 2.0}
 
 
 def test_fits_now():

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudefrag.cli.plan_cmd import cost_model_from_doc
 from gpudefrag.core.cost import GB
 from gpudefrag.demo import demo_document
 from gpudefrag.errors import InputError
+from gpudefrag.policy.costs import cost_model_from_doc
 from gpudefrag.snapshot import write_json_atomic
 
 

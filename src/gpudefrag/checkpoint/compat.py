@@ -1,8 +1,9 @@
-"""Is this checkpoint restorable here? The host's own Versions record, and the fields that must agree.
+"""Is this checkpoint restorable here? The host's own Versions record, checked by the one rule.
 
-The planner's `gpudefrag.core.compat` decides this for a *node in a snapshot*; a restore decides it for the
-machine it runs on, from facts it can read itself (uname, the checkpointer, the GPUs). Both compare
-`gpudefrag.core.model.Versions` records, so a manifest written here is checkable by either.
+The planner decides compatibility for a *node in a snapshot*; a restore decides it for the machine it runs on,
+from facts it can read itself (uname, the checkpointer, the GPUs). Both call `gpudefrag.core.compat.mismatches`
+with the same `CompatRule` (per field: exact / minor / major / at-least / any), so a move the planner accepted
+is never refused here for compatibility when the host is what the node said it was.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import dataclasses
 import platform
 from collections.abc import Iterable
 
+from ..core.compat import ORDER, CompatRule
+from ..core.compat import mismatches as rule_mismatches
 from ..core.model import Versions
 
-# Fields compared by default. engine/model describe the workload, not the host, so they are carried but not
-# compared against a host record (a host has none).
-DEFAULT_FIELDS: tuple[str, ...] = ("cpu_arch", "kernel", "checkpointer", "gpu_model", "gpu_count", "driver", "cuda")
+# Fields compared by default: every one the rule governs, and the GPU count (a minimum).
+DEFAULT_FIELDS: tuple[str, ...] = ORDER
 
 
 def host_versions(checkpointer: str | None = None, gpu: Versions | None = None) -> Versions:
@@ -26,24 +28,12 @@ def host_versions(checkpointer: str | None = None, gpu: Versions | None = None) 
                     cpu_arch=platform.machine(), kernel=platform.release(), checkpointer=checkpointer)
 
 
-def mismatches(record: Versions, here: Versions, fields: Iterable[str] = DEFAULT_FIELDS) -> list[str]:
-    """Fields where the checkpoint needs something this host does not have, as 'field: checkpoint=X, here=Y'.
-
-    A field the checkpoint does not record (None) needs nothing. gpu_count is a minimum; every other field
-    must be equal. Empty list = compatible.
-    """
-    out = []
-    for name in fields:
-        want = getattr(record, name)
-        have = getattr(here, name)
-        if want is None:
-            continue
-        if name == "gpu_count":
-            if (have or 0) < want:
-                out.append(f"gpu_count: checkpoint={want}, here={have}")
-        elif want != have:
-            out.append(f"{name}: checkpoint={want}, here={have}")
-    return out
+def mismatches(record: Versions, here: Versions, fields: Iterable[str] = DEFAULT_FIELDS,
+               rule: CompatRule | None = None) -> list[str]:
+    """Fields where the checkpoint needs something this host does not have, as 'field: checkpoint=X, here=Y'
+    (empty list = compatible), under `rule` (default: the planner's default rule)."""
+    return [f"{m.field}: checkpoint={m.recorded}, here={m.offered}"
+            for m in rule_mismatches(record, here, rule, only=fields)]
 
 
 def field_names(diffs: Iterable[str]) -> tuple[str, ...]:

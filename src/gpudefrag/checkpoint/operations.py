@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..core.compat import CompatRule
 from ..core.model import Versions
 from .compat import DEFAULT_FIELDS, field_names, host_versions, mismatches
 from .manifest import Manifest
@@ -64,8 +65,10 @@ def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid:
     return manifest, res
 
 
-def check_compat(manifest: Manifest, here: Versions, fields: Iterable[str] = DEFAULT_FIELDS) -> None:
-    diffs = mismatches(manifest.compat.to_versions(), here, fields)
+def check_compat(manifest: Manifest, here: Versions, fields: Iterable[str] = DEFAULT_FIELDS,
+                 rule: CompatRule | None = None) -> None:
+    """The restore's compatibility gate: the planner's rule (`gpudefrag.core.compat`), on this host's facts."""
+    diffs = mismatches(manifest.compat.to_versions(), here, fields, rule)
     if diffs:
         raise CheckpointError(INCOMPATIBLE, "; ".join(diffs), path=manifest.id, fields=field_names(diffs))
 

@@ -9,7 +9,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from ..core.diagnose import Diagnosis, diagnose_all, diagnose_request
+from ..core.decision import decide, decide_all
+from ..core.diagnose import Diagnosis, diagnose_all
 from ..core.fragmentation import FragReport, fits_mask, frag_report
 from ..core.model import MILLI, ClusterState, Request
 from ..demo import demo_document, demo_state
@@ -123,13 +124,16 @@ def diagnose(
 
     state = load_cluster_state(file, kube=kube, context=context)
     if gpus is not None:
-        diags = [diagnose_request(state, Request(gpus_per_node=gpus, gpu_models=(model,) if model else ()))]
+        if gpus < 1:
+            raise fail(f"--gpus must be >= 1, got {gpus}")
+        diags = [decide(state, Request(gpus_per_node=gpus, gpu_models=(model,) if model else ()),
+                        plan=False).diagnosis]
     else:
         if job is not None and job not in state.workload_index:
             raise fail(f"{file}: no workload with id {job!r}")
         if job is not None and state.workload(job).is_running:
             raise fail(f"{file}: workload {job!r} is running, not pending")
-        diags = diagnose_all(state, [job] if job else None)
+        diags = [d.diagnosis for d in decide_all(state, [job] if job else None, plan=False)]
     if json_out:
         emit_json({"file": str(file), "diagnoses": [d.as_dict() for d in diags]})
         return
@@ -166,13 +170,14 @@ def demo(
     diag = diagnose_all(state)[0]
     report = frag_report(state, pending.request)
     stranded_nodes = [n.name for n, ok in zip(state.nodes, fits_mask(state, pending.request), strict=True) if not ok]
-    from ..core.planner import plan_for  # the planner (and OR-Tools) load only when the demo runs
-    from .plan_cmd import print_plan
+    from .plan_cmd import print_decision
 
-    plan = plan_for(state, pending.id)
+    decision = decide(state, pending, diagnosis=diag)
+    plan = decision.plan
+    assert plan is not None
     if json_out:
         emit_json({"cluster": state.name, "fragmentation": report.as_dict(), "diagnosis": diag.as_dict(),
-                   "plan": plan.as_dict()})
+                   "plan": plan.as_dict(), "decision": decision.as_dict()})
         return
     console.rule("[bold]gpudefrag demo[/]: 4 nodes × 8 H100, one 8-GPU job pending")
     console.print(gpu_map(state, title="GPU map (letters: running jobs, · free GPU, red: stranded)",
@@ -185,4 +190,4 @@ def demo(
     print_diagnosis(diag)
     console.print()
     console.rule("the cheapest plan")
-    print_plan(state, plan)
+    print_decision(state, decision)

@@ -4,83 +4,20 @@ GPU map. Exit code 1 when no plan exists (with the reason), 2 for bad input."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
-from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.compat import CompatRule, VersionMatch
-from ..core.cost import GB, CostModel, TransferSample
-from ..core.model import MILLI, ClusterState, Request
-from ..core.planner import Plan, PlanOptions, placements_state, plan_all_pending, plan_moves
-from ..errors import InputError, loc_to_path
+from ..core.compat import VersionMatch
+from ..core.decision import MOVE, Decision, decide, with_movable
+from ..core.model import MILLI, ClusterState, Request, Workload
+from ..core.planner import Plan, PlanOptions, placements_state, plan_all_pending
+from ..policy.options import load_inputs, plan_options
 from ..render import gpu_map, legend, workload_tags
-from ..snapshot import load_snapshot, read_document
+from ..snapshot import load_snapshot
 from .common import JsonOpt, console, emit_json, fail
-
-# ---------------------------------------------------------------------------------------------- cost file
-Pos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegF = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LinkIn(_Strict):
-    source: Annotated[str, Field(min_length=1)]
-    target: Annotated[str, Field(min_length=1)]
-    gbps: Pos
-
-
-class SampleIn(_Strict):
-    source: Annotated[str, Field(min_length=1)]
-    target: Annotated[str, Field(min_length=1)]
-    bytes: Annotated[int, Field(ge=0)]
-    checkpoint_s: NonNegF
-    transfer_s: NonNegF
-    restore_s: NonNegF
-
-
-class CostsIn(_Strict):
-    """A cost file (JSON or YAML): bandwidths in GB/s, per-pair links, and measured migrations."""
-
-    checkpoint_gbps: Pos = 2.0
-    transfer_gbps: Pos = 1.25
-    restore_gbps: Pos = 2.0
-    overhead_s: NonNegF = 10.0
-    cold_start_s: NonNegF = 300.0
-    shared_storage: bool = False
-    links: list[LinkIn] = []
-    history: list[SampleIn] = []
-
-
-def cost_model_from_doc(doc: Any, source: str) -> CostModel:
-    """The CostModel a cost document describes; bad input is one InputError naming the file and field."""
-    try:
-        c = CostsIn.model_validate(doc)
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise InputError(source, loc_to_path(err["loc"]), err["msg"]) from None
-    model = CostModel(
-        checkpoint_bps=c.checkpoint_gbps * GB, transfer_bps=c.transfer_gbps * GB, restore_bps=c.restore_gbps * GB,
-        overhead_s=c.overhead_s, cold_start_s=c.cold_start_s, shared_storage=c.shared_storage,
-        link_bps={(lk.source, lk.target): lk.gbps * GB for lk in c.links},
-    )
-    samples = [TransferSample(s.source, s.target, s.bytes, s.checkpoint_s, s.transfer_s, s.restore_s)
-               for s in c.history]
-    model = model.from_history(samples) if samples else model
-    if not all(math.isfinite(v) for v in (model.checkpoint_bps, model.transfer_bps, model.restore_bps)):
-        raise InputError(source, "history", "measured bandwidths are not finite")
-    return model
-
-
-def load_cost_model(path: Path) -> CostModel:
-    return cost_model_from_doc(read_document(path), str(path))
 
 
 def register(app: typer.Typer) -> None:
@@ -88,83 +25,146 @@ def register(app: typer.Typer) -> None:
 
 
 def _pick_request(state: ClusterState, file: Path, job: str | None, gpus: int | None, model: str | None,
-                  share: int) -> tuple[Request, str | None]:
+                  share: int) -> Workload | Request:
     if job is not None:
         if job not in state.workload_index:
             raise fail(f"{file}: no workload with id {job!r}")
         w = state.workload(job)
         if w.is_running:
             raise fail(f"{file}: workload {job!r} is running, not pending")
-        return w.request, job
+        return w
     if gpus is not None:
-        if gpus < 0 or not 1 <= share <= MILLI or (share < MILLI and gpus != 1):
-            raise fail(f"--gpus must be >= 0 and --share in 1..{MILLI} (a share below {MILLI} needs --gpus 1)")
-        return Request(gpus_per_node=gpus, gpu_milli=share, gpu_models=(model,) if model else ()), None
-    pending = [w for w in state.pending if w.request.gpus_per_node > 0]
+        if gpus < 1:
+            raise fail(f"--gpus must be >= 1, got {gpus}")
+        if not 1 <= share <= MILLI or (share < MILLI and gpus != 1):
+            raise fail(f"--share must be in 1..{MILLI} (a share below {MILLI} needs --gpus 1)")
+        return Request(gpus_per_node=gpus, gpu_milli=share, gpu_models=(model,) if model else ())
+    pending = [w for w in state.pending if w.request.gpus_per_node > 0 or w.request.mig_profile is not None]
     if not pending:
         raise fail(f"{file}: no pending GPU workload; name one with --job or a shape with --gpus")
-    return pending[0].request, pending[0].id
+    return pending[0]
+
+
+def build_options(policy: Path | None, costs: Path | None, *, max_moves: int | None = None,
+                  max_moves_per_node: int | None = None, solver: str | None = None, time_limit: float | None = None,
+                  heartbeat: bool = False, driver_rule: str | None = None, cuda_rule: str | None = None) -> PlanOptions:
+    """The plan command's PlanOptions: the shared builder (policy, costs, compatibility rule) plus its flags."""
+    if solver is not None and solver not in ("auto", "exact", "heuristic"):
+        raise fail(f"--solver must be auto, exact or heuristic, not {solver!r}")
+    if time_limit is not None and not time_limit > 0:
+        raise fail("--time-limit must be > 0")
+    inputs = load_inputs(policy, costs)
+    rule = inputs.compat
+    try:
+        if driver_rule is not None:
+            rule = dataclasses.replace(rule, driver=VersionMatch(driver_rule))
+        if cuda_rule is not None:
+            rule = dataclasses.replace(rule, cuda=VersionMatch(cuda_rule))
+    except ValueError as e:
+        raise fail(f"--driver-rule/--cuda-rule: {e}") from None
+    return plan_options(inputs, max_moves=max_moves, max_moves_per_node=max_moves_per_node, solver=solver,
+                        time_limit_s=time_limit, fresh_checkpoint=False if heartbeat else None, compat=rule)
 
 
 def plan(
     file: Path = typer.Argument(..., help="Snapshot file"),
     job: str = typer.Option(None, "--job", help="Plan for this pending workload (default: the oldest pending)"),
-    gpus: int = typer.Option(None, "--gpus", help="Plan for a hypothetical request of this many GPUs"),
+    gpus: int = typer.Option(None, "--gpus", help="Plan for a hypothetical request of this many GPUs (>= 1)"),
     model: str = typer.Option(None, "--model", help="GPU model of the hypothetical request"),
     share: int = typer.Option(MILLI, "--share", help="Per-GPU share of the hypothetical request, milli-GPU"),
-    max_moves: int = typer.Option(8, "--max-moves", min=0, help="At most this many moves in the plan"),
-    max_moves_per_node: int = typer.Option(8, "--max-moves-per-node", min=0, help="Moves touching one node"),
-    all_pending: bool = typer.Option(False, "--all-pending", help="Plan for the K oldest pending jobs together"),
-    k: int = typer.Option(None, "--k", min=1, help="With --all-pending: how many (default: all)"),
-    solver: str = typer.Option("auto", "--solver", help="auto | exact | heuristic"),
-    time_limit: float = typer.Option(2.0, "--time-limit", help="Exact solver time limit, seconds"),
-    heartbeat: bool = typer.Option(False, "--heartbeat", help="Move from the last heartbeat checkpoint "
-                                   "(loses the work since) instead of taking a fresh one"),
+    policy: Path = typer.Option(None, "--policy", help="Policy file: filter, move budget, planner time limit, "
+                                "compatibility rule (the controller's)"),
     costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML): bandwidths in GB/s, per-pair links, "
                                "measured migrations (see docs/planner.md)"),
-    driver_rule: str = typer.Option("exact", "--driver-rule", help="exact | minor | major | at-least | any"),
-    cuda_rule: str = typer.Option("exact", "--cuda-rule", help="exact | minor | major | at-least | any"),
+    plan_anyway: bool = typer.Option(False, "--plan-anyway", help="Plan even when an ordinary cause (quota, "
+                                     "hold, limit...) keeps the job waiting"),
+    max_moves: int = typer.Option(None, "--max-moves", min=0, help="At most this many moves (default: policy, 8)"),
+    max_moves_per_node: int = typer.Option(None, "--max-moves-per-node", min=0, help="Moves touching one node"),
+    all_pending: bool = typer.Option(False, "--all-pending", help="Plan for the K oldest pending jobs together"),
+    k: int = typer.Option(None, "--k", min=1, help="With --all-pending: how many (default: all)"),
+    solver: str = typer.Option(None, "--solver", help="auto | exact | heuristic (default auto)"),
+    time_limit: float = typer.Option(None, "--time-limit", help="Exact solver time limit, seconds (default: "
+                                     "the policy's planner_time_limit_s, 2)"),
+    heartbeat: bool = typer.Option(False, "--heartbeat", help="Move from the last heartbeat checkpoint "
+                                   "(loses the work since) instead of taking a fresh one"),
+    driver_rule: str = typer.Option(None, "--driver-rule", help="exact | minor | major | at-least | any "
+                                    "(overrides the policy's compat.driver)"),
+    cuda_rule: str = typer.Option(None, "--cuda-rule", help="exact | minor | major | at-least | any "
+                                  "(overrides the policy's compat.cuda)"),
     explain: bool = typer.Option(False, "--explain", help="Say why: excluded targets, rejected nodes, "
-                                 "the alternatives (evict, drain)"),
+                                 "the alternatives (evict, drain, wait)"),
     json_out: bool = JsonOpt,
 ) -> None:
     """The cheapest moves that free room for a pending job: each move with its cost, the totals, the node
-    that becomes whole, and the GPU map before and after. Exit 1 with the reason when there is no plan."""
+    that becomes whole, and the GPU map before and after. The diagnosis comes first: when an ordinary cause
+    (a quota, a QOS limit, a hold) keeps the job waiting, no move can start it — exit 1 naming the cause
+    (`--plan-anyway` plans regardless). Exit 1 with the reason when there is no plan."""
     state = load_snapshot(file)
-    if solver not in ("auto", "exact", "heuristic"):
-        raise fail(f"--solver must be auto, exact or heuristic, not {solver!r}")
-    try:
-        rule = CompatRule(driver=VersionMatch(driver_rule), cuda=VersionMatch(cuda_rule))
-    except ValueError as e:
-        raise fail(f"--driver-rule/--cuda-rule: {e}") from None
-    if not time_limit > 0:
-        raise fail("--time-limit must be > 0")
-    cost_model = load_cost_model(costs) if costs is not None else CostModel()
-    opts = PlanOptions(max_moves=max_moves, max_moves_per_node=max_moves_per_node, solver=solver,  # type: ignore[arg-type]
-                       time_limit_s=time_limit, fresh_checkpoint=not heartbeat, compat=rule, cost_model=cost_model)
+    opts = build_options(policy, costs, max_moves=max_moves, max_moves_per_node=max_moves_per_node, solver=solver,
+                         time_limit=time_limit, heartbeat=heartbeat, driver_rule=driver_rule, cuda_rule=cuda_rule)
     if all_pending:
-        plans = plan_all_pending(state, opts, k)
-        if not plans:
-            raise fail(f"{file}: no pending GPU workload", 1)
-        if json_out:
-            emit_json({"file": str(file), "plans": [p.as_dict() for p in plans]})
-        else:
-            for p in plans:
-                console.rule(f"[bold]{escape(p.workload_id or 'request')}[/]")
-                print_plan(state, p, explain=explain, maps=False)
-        if not all(p.feasible for p in plans):
-            raise typer.Exit(1)
+        _plan_all(state, file, opts, k, plan_anyway, explain, json_out)
         return
-    request, wid = _pick_request(state, file, job, gpus, model, share)
-    p = plan_moves(state, request, opts)
-    if wid is not None:
-        p = dataclasses.replace(p, workload_id=wid)
+    target = _pick_request(state, file, job, gpus, model, share)
+    d = decide(state, target, opts, plan_anyway=plan_anyway)
     if json_out:
-        emit_json({"file": str(file), "plan": p.as_dict()})
+        emit_json({"file": str(file), "plan": d.plan.as_dict() if d.plan is not None else None,
+                   "decision": d.as_dict()})
     else:
-        print_plan(state, p, explain=explain)
-    if not p.feasible:
+        print_decision(state, d, explain=explain)
+    if not d.feasible:
         raise typer.Exit(1)
+
+
+def _plan_all(state: ClusterState, file: Path, opts: PlanOptions, k: int | None, plan_anyway: bool, explain: bool,
+              json_out: bool) -> None:
+    """Plans for the K oldest pending jobs together; jobs an ordinary cause blocks are reported, not planned
+    (unless --plan-anyway), and no room is reserved for them."""
+    pending = [w for w in state.pending if w.request.gpus_per_node > 0]
+    if k is not None:
+        pending = pending[:k]
+    if not pending:
+        raise fail(f"{file}: no pending GPU workload", 1)
+    blocked = [] if plan_anyway else [d for d in (decide(state, w, opts, plan_anyway=False) for w in pending)
+                                      if d.blocked]
+    skip = {d.workload_id for d in blocked}
+    planned = state.with_workloads([w for w in state.workloads if w.id not in skip])
+    plans = plan_all_pending(planned, with_movable(opts), len([w for w in pending if w.id not in skip]))
+    if json_out:
+        emit_json({"file": str(file), "plans": [p.as_dict() for p in plans],
+                   "blocked": [d.as_dict() for d in blocked]})
+    else:
+        for d in blocked:
+            console.rule(f"[bold]{escape(d.workload_id or 'request')}[/]")
+            print_decision(state, d, explain=explain, maps=False)
+        for p in plans:
+            console.rule(f"[bold]{escape(p.workload_id or 'request')}[/]")
+            print_plan(state, p, explain=explain, maps=False)
+    if blocked or not all(p.feasible for p in plans):
+        raise typer.Exit(1)
+
+
+def print_decision(state: ClusterState, d: Decision, *, explain: bool = False, maps: bool = True) -> None:
+    """The decision: blocked (the causes), or the plan with its priced alternatives and the one chosen."""
+    who = escape(d.workload_id or d.request.label())
+    if d.blocked:
+        console.print(f"[bold red]no plan[/] for {who}: {escape(d.reason)}")
+        for i, c in enumerate(d.causes, 1):
+            console.print(f"  {i}. [cyan]{c.code.value}[/]: {escape(c.summary)}")
+        console.print("  moving jobs cannot start it; --plan-anyway plans regardless")
+        return
+    if d.planned_anyway:
+        codes = ", ".join(c.code.value for c in d.blocked_by)
+        console.print(f"[yellow]planned anyway[/]: {codes} still keep(s) {who} waiting after these moves")
+    assert d.plan is not None
+    print_plan(state, d.plan, explain=explain, maps=maps)
+    if d.options:
+        console.print("options: " + "; ".join(
+            f"{'[bold green]' if o.cheapest else ''}{o.kind} {o.gpu_s:.0f} GPU-s"
+            f"{' (cheapest)[/]' if o.cheapest else ''}" if o.known else f"{o.kind} unknown ({escape(o.detail)})"
+            for o in d.options))
+        if d.chosen != MOVE:
+            console.print(f"[bold]chosen: {d.chosen}[/] — {escape(d.reason)}")
 
 
 def moves_table(p: Plan) -> Table:

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.diagnose import diagnose_all
+from ..core.cost import CostModel
+from ..core.decision import MOVE, decide, decide_all, fragmentation_only
+from ..core.decision import Decision as Choice
 from ..core.fragmentation import frag_report
 from ..core.model import ClusterState, Request, Workload
-from ..core.planner import Plan, PlanOptions, plan_moves
+from ..core.planner import Plan, PlanOptions
+from ..core.scheduler_reasons import waits_for_resources
 from ..engines.base import Engine
-from ..engines.slurm.reasons import waits_for_resources
 from ..policy.models import Policy
+from ..policy.options import PlanInputs, plan_options
 from .executor import Executor
 
 
@@ -68,7 +71,8 @@ class Controller:
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None,
                  enrich: Callable[[ClusterState], ClusterState] | None = None,
                  request_file: Path | None = None,
-                 can_checkpoint: Callable[[Workload], bool] | None = None) -> None:
+                 can_checkpoint: Callable[[Workload], bool] | None = None,
+                 costs: CostModel | None = None) -> None:
         if executor is None and not dry_run:
             raise ValueError("a controller that acts needs an executor")
         self.engine = engine
@@ -80,6 +84,7 @@ class Controller:
         self.enrich = enrich
         self.request_file = request_file
         self.can_checkpoint = can_checkpoint  # e.g. "runs under the wrapper": only such jobs can be moved
+        self.inputs = PlanInputs(policy, costs or CostModel())  # the same PlanOptions builder as `plan`
         self._requested = False
         self._last_cron: float | None = None
         self._last_keys: set[tuple[str, str, str]] = set()
@@ -111,11 +116,20 @@ class Controller:
                 decisions.append(Decision("skip", f"moves for {t.workload_id} are already in flight",
                                           {"workload": t.workload_id}))
                 continue
-            plan = self.plan(state, t, busy)
+            choice = self.decide(state, t, busy)
+            if choice.plan is None:
+                decisions.append(Decision("skip", f"{t.why}: {choice.reason}", {"workload": t.workload_id}))
+                continue
+            plan = choice.plan
             plans.append(plan)
             if not plan.feasible:
                 decisions.append(Decision("plan", f"no plan for {t.why}: {plan.reason}",
                                           {"workload": t.workload_id, "feasible": False}))
+                continue
+            if choice.chosen not in (MOVE, "none"):
+                decisions.append(Decision("alternative", f"{t.why}: {choice.reason}; nothing moved",
+                                          {"workload": t.workload_id, "chosen": choice.chosen,
+                                           "options": [o.as_dict() for o in choice.options]}))
                 continue
             moves = [f"{m.workload_id} {m.source}->{m.target}" for m in plan.moves]
             decisions.append(Decision("plan", f"{t.why}: {len(plan.moves)} move(s) free {plan.target_node} "
@@ -203,7 +217,7 @@ class Controller:
         assert pt is not None
         waited: dict[str, float] = {}
         for w in state.pending:
-            if w.request.gpus_per_node < pt.min_gpus or not waits_for_resources(w.scheduler_reason):
+            if w.request.gpus_per_node < pt.min_gpus or not waits_for_resources(w.scheduler_reason, state.scheduler):
                 continue
             age = now - (w.submitted_at if w.submitted_at is not None else now)
             if age >= pt.longer_than_s:
@@ -214,8 +228,9 @@ class Controller:
         ids = list(waited)  # state.pending order: oldest first
         step = max(limit, 8)
         for k in range(0, len(ids), step):  # in chunks (one shared diagnosis context each), stop once enough
-            for d in diagnose_all(state, ids[k : k + step]):
-                if d.is_fragmentation and d.workload_id is not None and len(out) < limit:
+            for c in decide_all(state, ids[k : k + step], plan=False):
+                d = c.diagnosis
+                if fragmentation_only(d) and d.workload_id is not None and len(out) < limit:
                     w = state.workload(d.workload_id)
                     out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, diagnosed "
                                       "fragmentation", w.request, w.id))
@@ -230,33 +245,22 @@ class Controller:
         return True
 
     # ------------------------------------------------------------------ planning
-    def plan(self, state: ClusterState, t: Target, busy: set[str]) -> Plan:
-        flt = self.policy.filter
-
+    def options(self, busy: set[str]) -> PlanOptions:
+        """The shared builder's options (policy, costs, compatibility rule), minus busy and wrapper-less jobs."""
         can = self.can_checkpoint
 
         def movable(w: Workload) -> bool:
-            return w.id not in busy and flt.matches(w) and (can is None or can(w))
+            return w.id not in busy and (can is None or can(w))
 
-        opts = PlanOptions(max_moves=self.policy.budgets.max_moves_per_plan, movable=movable,
-                           time_limit_s=self.policy.planner_time_limit_s)
-        plan = plan_moves(state, t.request, opts)
-        return dataclasses.replace(plan, workload_id=t.workload_id)
+        return plan_options(self.inputs, movable=movable)
 
-    # ------------------------------------------------------------------ the loop
-    def run(self, *, interval_s: float = 2.0, max_cycles: int | None = None,
-            on_cycle: Callable[[CycleReport], None] | None = None,
-            sleep: Callable[[float], None] = time.sleep) -> int:
-        n = 0
-        while max_cycles is None or n < max_cycles:
-            report = self.cycle()
-            n += 1
-            if on_cycle is not None:
-                on_cycle(report)
-            if max_cycles is not None and n >= max_cycles:
-                break
-            sleep(interval_s)
-        return n
+    def decide(self, state: ClusterState, t: Target, busy: set[str]) -> Choice:
+        """The one decision for a target. A pending workload is planned for only when fragmentation alone keeps
+        it waiting; a cron / threshold / explicit request to free a whole node is planned for as asked."""
+        opts = self.options(busy)
+        if t.workload_id is not None and t.workload_id in state.workload_index:
+            return decide(state, state.workload(t.workload_id), opts)
+        return decide(state, t.request, opts, plan_anyway=True)
 
 
 def enrich_from_store(store: Any) -> Callable[[ClusterState], ClusterState]:

@@ -10,7 +10,7 @@ holds), because GPU-seconds are what a cluster pays. Pure: `now` always comes fr
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -227,3 +227,33 @@ class CostModel:
             return AltCost("drain", float("inf"), float("inf"), False, "no expected end time")
         remaining = max(0.0, w.expected_end_at - now)
         return AltCost("drain", remaining, remaining * gpu_equivalents(w), True, f"{remaining:.0f} s remaining")
+
+
+def alternatives(request_gpus: float, workloads: Sequence[Workload], now: float,
+                 model: CostModel) -> tuple[AltCost, ...]:
+    """What the other ways to free the same room cost, beside moving `workloads` (the jobs a plan moves):
+
+    - evict: stop them; each restarts from its last application checkpoint (or from zero) after a cold start;
+    - drain: cordon the node and wait for them all to end — the waiting request loses its GPUs × the longest
+      remaining time, and GPUs freed earlier sit idle until the last one ends;
+    - wait: do nothing until their known end — the request's GPUs × the longest remaining time, not guaranteed
+      (another job may take the GPUs first).
+    A drain or wait is unknown (infinite) when some workload has no expected end."""
+    evicts = [model.eviction_cost(w, now) for w in workloads]
+    evict = AltCost("evict", max((e.seconds for e in evicts), default=0.0), sum(e.gpu_s for e in evicts), True,
+                    "; ".join(f"{w.id}: {e.detail}" for w, e in zip(workloads, evicts, strict=True)))
+    ends = [w.expected_end_at for w in workloads]
+    if any(e is None for e in ends):
+        unknown = [w.id for w in workloads if w.expected_end_at is None]
+        why = f"no expected end time for {', '.join(unknown[:3])}"
+        inf = float("inf")
+        return evict, AltCost("drain", inf, inf, False, why), AltCost("wait", inf, inf, False, why)
+    remaining = [max(0.0, float(e) - now) for e in ends if e is not None]
+    longest = max(remaining, default=0.0)
+    idle = sum((longest - r) * gpu_equivalents(w) for w, r in zip(workloads, remaining, strict=True))
+    waiting = longest * request_gpus
+    drain = AltCost("drain", longest, waiting + idle, True,
+                    f"cordon and wait {longest:.0f} s for the last to end; {idle:.0f} GPU-s idle meanwhile")
+    wait = AltCost("wait", longest, waiting, True,
+                   f"wait {longest:.0f} s for their known end (not guaranteed: other jobs may take the GPUs)")
+    return evict, drain, wait

@@ -1,16 +1,22 @@
 """Why is a GPU request pending? Ordinary causes first, fragmentation last, each with its evidence.
 
-Fragmentation is only the answer when nothing ordinary explains the wait: the device plugin registered its GPUs,
-no quota or autoscaler limit holds the request back, some node is big enough and of an allowed model, taints and
-selectors leave nodes to it, and enough GPUs are free in total — they are just scattered. Every cause has a stable
-code (for alerts and dashboards), one human sentence and the numbers behind it.
+Fragmentation is only the answer when nothing ordinary explains the wait: the scheduler does not name an
+ordinary reason (Slurm QOS/association limits, a hold), the device plugin registered its GPUs, no quota or
+autoscaler limit holds the request back, some node is big enough and of an allowed model (or offers the MIG
+profile asked for), taints and selectors leave nodes to it, and enough GPU share is free in total — it is just
+scattered, over nodes or over partly used GPUs. Every cause has a stable code (for alerts and dashboards), one
+human sentence and the numbers behind it.
+
+Each cause is one check function, registered in order with `@cause_check` (the descheduler's plugin registry):
+a check sees the request, the per-state facts and the causes found so far, and returns its causes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 import numpy as np
 
@@ -22,16 +28,19 @@ from .fragmentation import (
     tolerated,
     whole_free_counts,
 )
-from .model import MILLI, ClusterState, Request, Workload
+from .model import MILLI, ClusterState, Request, Workload, same_mig_profile
+from .scheduler_reasons import ReasonClass, classify
 
 
 class CauseCode(StrEnum):
     """Stable identifiers, in the order the report lists them (ordinary causes before fragmentation)."""
 
+    NOT_ELIGIBLE = "not-eligible"
     DEVICE_PLUGIN_MISSING = "device-plugin-missing"
     QUOTA_EXCEEDED = "quota-exceeded"
     AUTOSCALER_AT_MAX = "autoscaler-at-max"
     NO_SUCH_GPU_MODEL = "no-such-gpu-model"
+    MIG_PROFILE_UNAVAILABLE = "mig-profile-unavailable"
     REQUEST_TOO_LARGE = "request-too-large"
     TAINTS_OR_SELECTORS = "taints-or-selectors"
     NODES_UNSCHEDULABLE = "nodes-unschedulable"
@@ -43,6 +52,11 @@ class CauseCode(StrEnum):
 
 
 _ORDER = {c: i for i, c in enumerate(CauseCode)}
+
+# Causes that are not ordinary: a plan can help (fragmentation) or nothing is needed (fits-now).
+NOT_BLOCKING = frozenset({CauseCode.FRAGMENTATION, CauseCode.FITS_NOW})
+# Causes that mean no node could ever hold the request as the cluster is built.
+IMPOSSIBLE = frozenset({CauseCode.REQUEST_TOO_LARGE, CauseCode.NO_SUCH_GPU_MODEL, CauseCode.MIG_PROFILE_UNAVAILABLE})
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,11 @@ class Diagnosis:
         """Fragmentation is the cause and nothing ordinary stands in the way."""
         return self.codes == (CauseCode.FRAGMENTATION,)
 
+    @property
+    def blocking(self) -> tuple[Cause, ...]:
+        """The ordinary causes: each one alone keeps the job waiting whatever is moved."""
+        return tuple(c for c in self.causes if c.code not in NOT_BLOCKING)
+
     def as_dict(self) -> dict[str, object]:
         return {
             "workload": self.workload_id,
@@ -101,6 +120,7 @@ class _Context:
         self.state = state
         self.whole = whole_free_counts(state)
         self._used_by_ns: dict[str, int] | None = None
+        self._mig_used: dict[tuple[str, str], int] | None = None
 
     def used_by_namespace(self) -> dict[str, int]:
         if self._used_by_ns is None:
@@ -110,7 +130,424 @@ class _Context:
             self._used_by_ns = used
         return self._used_by_ns
 
+    def mig_used(self, node: str, profile: str) -> int:
+        """MIG slices of a profile running workloads hold on a node (one per part)."""
+        if self._mig_used is None:
+            used: dict[tuple[str, str], int] = {}
+            for w in self.state.running:
+                if w.request.mig_profile is not None:
+                    for n in w.nodes():
+                        used[(n, w.request.mig_profile)] = used.get((n, w.request.mig_profile), 0) + 1
+            self._mig_used = used
+        return sum(v for (n, p), v in self._mig_used.items() if n == node and same_mig_profile(p, profile))
 
+
+class Facts:
+    """What the checks read about one request on one state: masks computed once, on first use."""
+
+    def __init__(self, state: ClusterState, r: Request, ctx: _Context, namespace: str | None,
+                 scheduler_reason: str) -> None:
+        self.state = state
+        self.r = r
+        self.ctx = ctx
+        self.namespace = namespace
+        self.scheduler_reason = scheduler_reason
+        self.counts = state.gpu_counts
+        self.usable = state.usable_counts
+        self.gpu_nodes = self.counts > 0
+
+    @property
+    def is_mig(self) -> bool:
+        return self.r.mig_profile is not None
+
+    @cached_property
+    def models_ok(self) -> np.ndarray:
+        return state_model_mask(self.state, self.r.gpu_models)
+
+    @cached_property
+    def model_nodes(self) -> np.ndarray:
+        return self.gpu_nodes & self.models_ok
+
+    @cached_property
+    def eligible(self) -> np.ndarray:
+        return eligible_mask(self.state, self.r)  # memoised on the state
+
+    @cached_property
+    def gpu_fit(self) -> np.ndarray:
+        s = self.state
+        return capacity_fits(s.free_milli, s.cpu_free, s.mem_free, self.r)
+
+    @cached_property
+    def big_enough(self) -> np.ndarray:
+        return self.model_nodes & (self.usable >= self.r.gpus_per_node)
+
+    @cached_property
+    def fits(self) -> np.ndarray:
+        return self.eligible & self.gpu_fit  # what fits_mask computes, from the masks already at hand
+
+    @cached_property
+    def any_fit(self) -> bool:
+        return bool(self.fits.any())
+
+    @cached_property
+    def usable_here(self) -> np.ndarray:
+        return self.eligible & self.big_enough
+
+
+Check = Callable[[Facts, list[Cause]], Iterable[Cause]]
+
+# (code, check) in the order they run; the last one (the capacity verdict) reads what the others found.
+CAUSE_CHECKS: list[tuple[CauseCode, Check]] = []
+
+
+def cause_check(code: CauseCode) -> Callable[[Check], Check]:
+    """Register a cause check under its code, after those already registered."""
+
+    def register(fn: Check) -> Check:
+        CAUSE_CHECKS.append((code, fn))
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------------------------------------- the checks
+@cause_check(CauseCode.NOT_ELIGIBLE)
+def _scheduler_says(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    """The scheduler's own reason, when it names an ordinary cause (Slurm QOS*/Assoc*/*Limit are quotas) or says
+    the job is not eligible at all (held, dependency). Capacity reasons ("Resources") leave it to the checks."""
+    if not f.scheduler_reason:
+        return ()
+    cls, code = classify(f.scheduler_reason, f.state.scheduler)
+    if cls is ReasonClass.INELIGIBLE:
+        return (Cause(CauseCode.NOT_ELIGIBLE,
+                      f"the scheduler does not consider the job at all ({f.scheduler_reason}): held, a dependency "
+                      "or a begin time; no move can start it",
+                      {"scheduler_reason": f.scheduler_reason, "source": "scheduler"}),)
+    if cls is ReasonClass.ORDINARY and code is not None:
+        return (Cause(CauseCode(code), f"the scheduler says {f.scheduler_reason}: {_SCHED_TEXT.get(code, code)}",
+                      {"scheduler_reason": f.scheduler_reason, "source": "scheduler"}),)
+    return ()
+
+
+_SCHED_TEXT = {
+    "quota-exceeded": "a QOS, association or account limit holds it back, not the free GPUs",
+    "nodes-unschedulable": "the nodes it asks for are down, drained or reserved",
+    "request-too-large": "the partition cannot hold a request of this size",
+    "taints-or-selectors": "the job may not use the partition or nodes it names",
+    "autoscaler-at-max": "it waits for nodes to power up",
+}
+
+
+@cause_check(CauseCode.DEVICE_PLUGIN_MISSING)
+def _device_plugin(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    """The node has GPUs but advertises none (or fewer): the device plugin / gres.conf never registered them."""
+    if f.is_mig:
+        return ()
+    missing = f.gpu_nodes & (f.usable < f.counts) & ~f.state.mig_mask & f.models_ok & (f.counts >= f.r.gpus_per_node)
+    if not missing.any():
+        return ()
+    lost = int((f.counts - f.usable)[missing].sum())
+    return (Cause(
+        CauseCode.DEVICE_PLUGIN_MISSING,
+        f"{int(missing.sum())} node(s) have GPUs the scheduler cannot see (allocatable < capacity): "
+        f"{lost} GPU(s) missing, e.g. {', '.join(_names(f.state, missing, 3))}; "
+        "check the GPU device plugin / gres.conf on them",
+        {"nodes": _names(f.state, missing, 20), "gpus_missing": lost},
+    ),)
+
+
+@cause_check(CauseCode.QUOTA_EXCEEDED)
+def _quota(f: Facts, found: list[Cause]) -> Iterable[Cause]:
+    ns, r = f.namespace, f.r
+    if ns is None:
+        return ()
+    out = []
+    for q in f.state.quotas:
+        if q.namespace != ns:
+            continue
+        used = q.gpu_used * MILLI if q.gpu_used is not None else f.ctx.used_by_namespace().get(ns, 0)
+        if used + r.gpu_milli_total > q.gpu_limit * MILLI:
+            out.append(Cause(
+                CauseCode.QUOTA_EXCEEDED,
+                f"quota of {ns!r} allows {q.gpu_limit} GPU(s); {_gpus(used)} in use, "
+                f"the request needs {_gpus(r.gpu_milli_total)} more",
+                {"namespace": ns, "limit": q.gpu_limit, "used": used / MILLI, "requested": r.gpu_milli_total / MILLI},
+            ))
+    return out
+
+
+@cause_check(CauseCode.NO_SUCH_GPU_MODEL)
+def _model_or_size(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    """No node of an allowed model, or none big enough (one node, or enough nodes for a multi-node request)."""
+    r, nodes, counts = f.r, f.state.nodes, f.counts
+    if f.is_mig:
+        return ()
+    largest_any = int(counts.max()) if len(counts) else 0
+    largest_model = int(counts[f.model_nodes].max()) if f.model_nodes.any() else 0
+    if r.gpu_models and not f.model_nodes.any():
+        present = sorted({n.gpu_model or "?" for n in nodes if n.gpu_count})
+        return (Cause(
+            CauseCode.NO_SUCH_GPU_MODEL,
+            f"no node has a GPU of model {' or '.join(r.gpu_models)}; models present: {', '.join(present) or 'none'}",
+            {"wanted": list(r.gpu_models), "present": present},
+        ),)
+    if r.gpus_per_node > largest_model:
+        where = f" of model {'/'.join(r.gpu_models)}" if r.gpu_models else ""
+        return (Cause(
+            CauseCode.REQUEST_TOO_LARGE,
+            f"the request needs {r.gpus_per_node} GPUs on one node, but the largest node{where} has {largest_model}",
+            {"gpus_per_node": r.gpus_per_node, "largest_node_gpus": largest_model,
+             "largest_node_any_model": largest_any},
+        ),)
+    enough = int((f.model_nodes & (counts >= r.gpus_per_node)).sum())
+    if r.node_count > enough:
+        return (Cause(
+            CauseCode.REQUEST_TOO_LARGE,
+            f"the request needs {r.node_count} nodes with {r.gpus_per_node} GPUs each; the cluster has {enough}",
+            {"node_count": r.node_count, "nodes_big_enough": enough},
+        ),)
+    return ()
+
+
+@cause_check(CauseCode.MIG_PROFILE_UNAVAILABLE)
+def _mig_profile(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    """A request for MIG slices of a profile no node offers can never start (and is never 'fits-now')."""
+    if not f.is_mig:
+        return ()
+    profile = f.r.mig_profile or ""
+    offered = [n for n in f.state.nodes if n.mig_offered(profile) > 0]
+    if offered:
+        return ()
+    present = sorted({p for n in f.state.nodes for p, v in n.mig_devices.items() if v > 0})
+    return (Cause(
+        CauseCode.MIG_PROFILE_UNAVAILABLE,
+        f"no node offers MIG profile {profile}; profiles offered: {', '.join(present) or 'none'}",
+        {"profile": profile, "offered_profiles": present},
+    ),)
+
+
+@cause_check(CauseCode.AUTOSCALER_AT_MAX)
+def _autoscaler(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    """Every node group that could bring a fitting node is at its maximum size."""
+    r = f.r
+    groups = [g for g in f.state.node_groups
+              if g.gpus_per_node >= r.gpus_per_node and (not r.gpu_models or g.gpu_model in r.gpu_models)]
+    if not groups or any(g.current < g.maximum for g in groups):
+        return ()
+    return (Cause(
+        CauseCode.AUTOSCALER_AT_MAX,
+        "every node group that could add a fitting node is at its maximum size: "
+        + ", ".join(f"{g.name} {g.current}/{g.maximum}" for g in groups),
+        {"groups": [{"name": g.name, "current": g.current, "maximum": g.maximum} for g in groups]},
+    ),)
+
+
+@cause_check(CauseCode.TAINTS_OR_SELECTORS)
+def _taints(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    """Taints, selectors or partitions exclude the nodes that have room."""
+    if f.is_mig:
+        return ()
+    r, nodes = f.r, f.state.nodes
+    excluded = f.gpu_fit & f.big_enough & f.state.schedulable_mask & ~f.eligible
+    if not excluded.any() or f.any_fit:
+        return ()
+    detail = []
+    for i in np.flatnonzero(excluded)[:5]:
+        n = nodes[i]
+        if not tolerated(n, r.tolerations):
+            detail.append(f"{n.name}: untolerated taint " + ",".join(f"{t.key}={t.value}:{t.effect}" for t in n.taints))
+        elif not selector_matches(n, r.node_selector):
+            detail.append(f"{n.name}: node selector does not match")
+        elif r.partition and n.partitions and r.partition not in n.partitions:
+            detail.append(f"{n.name}: not in partition {r.partition}")
+    return (Cause(
+        CauseCode.TAINTS_OR_SELECTORS,
+        f"{int(excluded.sum())} node(s) have room but the request may not use them ({'; '.join(detail)})",
+        {"nodes": _names(f.state, excluded, 20), "detail": detail},
+    ),)
+
+
+@cause_check(CauseCode.NODES_UNSCHEDULABLE)
+def _cordoned(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    if f.is_mig:
+        return ()
+    room = f.gpu_fit & f.big_enough & ~f.state.schedulable_mask
+    if not room.any() or f.any_fit:
+        return ()
+    return (Cause(
+        CauseCode.NODES_UNSCHEDULABLE,
+        f"{int(room.sum())} node(s) with room are cordoned or drained: {', '.join(_names(f.state, room, 5))}",
+        {"nodes": _names(f.state, room, 20)},
+    ),)
+
+
+@cause_check(CauseCode.MIG_MIXED)
+def _mig_mixed(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    """Nodes that split GPUs into MIG slices advertise only their full GPUs to a whole-GPU request."""
+    r, nodes = f.r, f.state.nodes
+    if f.is_mig or r.gpus_per_node == 0:
+        return ()
+    mig = f.state.mig_mask & f.models_ok & (f.counts >= r.gpus_per_node) & (f.usable < r.gpus_per_node)
+    if not mig.any() or f.any_fit:
+        return ()
+    mixed = [n for i, n in enumerate(nodes) if mig[i] and n.usable_gpus > 0]
+    return (Cause(
+        CauseCode.MIG_MIXED,
+        f"{int(mig.sum())} node(s) big enough for the request have GPUs split into MIG slices "
+        f"({len(mixed)} mix MIG slices and full GPUs); a whole-GPU request cannot use the slices: "
+        f"{', '.join(_names(f.state, mig, 5))}",
+        {"nodes": _names(f.state, mig, 20), "mixed": [n.name for n in mixed[:20]],
+         "profiles": sorted({p for n in nodes for p in n.mig_devices})},
+    ),)
+
+
+def _gpu_only(f: Facts) -> bool:
+    """The GPUs fit on enough eligible nodes (CPU and memory aside)."""
+    r = f.r
+    gpu_ok = f.eligible & (((f.state.free_milli >= r.gpu_milli).sum(axis=1)) >= r.gpus_per_node)
+    return r.gpus_per_node > 0 and int(gpu_ok.sum()) >= r.node_count
+
+
+@cause_check(CauseCode.CPU_OR_MEMORY)
+def _cpu_memory(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+    r = f.r
+    if f.is_mig or not _gpu_only(f) or int(f.fits.sum()) >= r.node_count:
+        return ()
+    return (Cause(
+        CauseCode.CPU_OR_MEMORY,
+        "nodes with enough free GPUs lack the CPU or memory the request asks for "
+        f"({r.cpu_milli / 1000:g} cores, {r.memory_mib} MiB per node)",
+        {"cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib},
+    ),)
+
+
+@cause_check(CauseCode.FITS_NOW)
+def _capacity(f: Facts, found: list[Cause]) -> Iterable[Cause]:
+    """The verdict on free capacity: fits now, the cluster is full, or the free share is there but scattered
+    (over nodes, or over partly used GPUs) — fragmentation."""
+    if f.is_mig:
+        return _mig_capacity(f, found)
+    r, state = f.r, f.state
+    free = state.free_milli
+    codes = {c.code for c in found}
+    if codes & IMPOSSIBLE or CauseCode.CPU_OR_MEMORY in codes:
+        return ()  # no node could ever hold it, or the GPUs are there and CPU/memory is missing
+    n_fit = int(f.fits.sum())
+    if n_fit >= r.node_count:
+        return (Cause(
+            CauseCode.FITS_NOW,
+            f"the request fits now on {n_fit} node(s) (e.g. {', '.join(_names(state, f.fits, 3))}); "
+            "the scheduler has not placed it yet (priority, backfill or a scheduling cycle)",
+            {"nodes": _names(state, f.fits, 20)},
+        ),)
+    if r.gpus_per_node == 0:
+        return ()
+    here = f.usable_here
+    share = np.where(here[:, None] & (free > 0), free, 0)
+    share_total = int(share.sum())  # every free share, whole GPUs and the free parts of shared ones
+    # only whole GPUs serve a whole-GPU request
+    whole_total = int(np.where(here, f.ctx.whole, 0).sum()) * MILLI
+    free_total = whole_total if r.gpu_milli >= MILLI else share_total
+    partial = r.gpu_milli >= MILLI and free_total < r.gpu_milli_total <= share_total
+    if free_total < r.gpu_milli_total and not partial:
+        return (Cause(
+            CauseCode.INSUFFICIENT_GPUS,
+            f"only {_gpus(free_total)} GPU(s) free where the request may run; it needs "
+            f"{_gpus(r.gpu_milli_total)}: the cluster is full, not fragmented",
+            {"free_gpus": free_total / MILLI, "free_share": share_total / MILLI,
+             "requested": r.gpu_milli_total / MILLI},
+        ),)
+    if not here.any():
+        return ()
+    return (_fragmentation_cause(f, free_total, share_total, bool(found)),)
+
+
+def _mig_capacity(f: Facts, found: list[Cause]) -> Iterable[Cause]:
+    if any(c.code in IMPOSSIBLE for c in found):
+        return ()
+    profile = f.r.mig_profile or ""
+    free_on = []
+    for i, n in enumerate(f.state.nodes):
+        if not f.eligible[i]:
+            continue
+        left = n.mig_offered(profile) - f.ctx.mig_used(n.name, profile)
+        if left > 0:
+            free_on.append(n.name)
+    if len(free_on) >= f.r.node_count:
+        return (Cause(CauseCode.FITS_NOW,
+                      f"a {profile} MIG slice is free on {len(free_on)} node(s) (e.g. {', '.join(free_on[:3])}); "
+                      "the scheduler has not placed it yet",
+                      {"nodes": free_on[:20], "profile": profile}),)
+    return (Cause(CauseCode.INSUFFICIENT_GPUS,
+                  f"every {profile} MIG slice the request may use is taken: the cluster is full for it "
+                  "(moving whole-GPU jobs does not create MIG slices)",
+                  {"profile": profile, "free_slices": 0}),)
+
+
+def _fragmentation_cause(f: Facts, free_total: int, share_total: int, other_causes: bool) -> Cause:
+    state, r, whole, fits = f.state, f.r, f.ctx.whole, f.fits
+    usable_here = f.usable_here
+    blocks = np.where(usable_here, whole, 0)
+    best = int(np.argmax(blocks))
+    best_name = state.nodes[best].name
+    # How many single-node jobs would have to leave each candidate node for the request to fit there
+    # (ignoring where they go: the planner checks that). Workloads that may not move are not counted.
+    moves_needed: list[tuple[int, str]] = []
+    for i in np.flatnonzero(usable_here & ~fits):
+        n = state.nodes[i]
+        movable = sorted(
+            (len(p.gpus) for w in state.workloads_on[n.name] if w.can_move for p in w.placements if p.node == n.name),
+            reverse=True,
+        )
+        if r.gpu_milli < MILLI:
+            if movable:
+                moves_needed.append((1, n.name))
+            continue
+        need = r.gpus_per_node - int(whole[i])
+        got, k = 0, 0
+        for g in movable:
+            if got >= need:
+                break
+            got += g
+            k += 1
+        if got >= need:
+            moves_needed.append((k, n.name))
+    moves_needed.sort()
+    free = state.free_milli
+    frac = usable_here[:, None] & (free > 0) & (free < MILLI)
+    largest_share = int(np.where(usable_here[:, None], free, 0).max()) if usable_here.any() else 0
+    evidence: dict[str, object] = {
+        "free_gpus": free_total / MILLI,
+        "free_share": share_total / MILLI,
+        "largest_block": int(blocks[best]),
+        "largest_block_node": best_name,
+        "nodes_fitting": int(fits.sum()),
+        "gpus_with_fractions": int(frac.sum()),
+        "largest_free_share": largest_share / MILLI,
+    }
+    partial = r.gpu_milli >= MILLI and free_total < r.gpu_milli_total
+    if moves_needed:
+        k_min = moves_needed[0][0]
+        at_min = [name for k, name in moves_needed if k == k_min]
+        evidence.update({"min_moves_to_clear": k_min, "nodes_clearable_with_min_moves": len(at_min),
+                         "clearable_nodes": [name for _, name in moves_needed[:10]]})
+        tail = (f"; {len(at_min)} node(s) would each fit it by moving {k_min} job(s) "
+                f"(e.g. {', '.join(at_min[:3])})")
+    else:
+        tail = "; no node can be cleared by moving single-node jobs"
+    if partial:
+        evidence["partial_gpus"] = True
+        head = (f"{_gpus(share_total)} GPUs of share free, but spread as fractions over {int(frac.sum())} partly used "
+                f"GPU(s) (largest free share {largest_share / MILLI:.2f} of a GPU; {_gpus(free_total)} whole GPU(s) "
+                f"free): packing the shared GPUs frees whole ones")
+        tail = ""
+    else:
+        head = (f"{_gpus(free_total)} GPUs free, largest block {int(blocks[best])} on {best_name}: the free GPUs are "
+                "scattered across nodes")
+    return Cause(CauseCode.FRAGMENTATION, head + tail + (" (other causes also hold)" if other_causes else ""), evidence)
+
+
+# ---------------------------------------------------------------------------------------------- entry points
 def diagnose(state: ClusterState, workload: Workload, *, _ctx: _Context | None = None) -> Diagnosis:
     """Diagnose one pending workload."""
     return diagnose_request(
@@ -146,265 +583,22 @@ def diagnose_request(
     scheduler_reason: str = "",
     _ctx: _Context | None = None,
 ) -> Diagnosis:
-    ctx = _ctx or _Context(state)
-    nodes = state.nodes
+    """Run every registered check in order; the causes come out sorted by code (ordinary first)."""
+    facts = Facts(state, r, _ctx or _Context(state), namespace, scheduler_reason)
     causes: list[Cause] = []
-    counts = state.gpu_counts
-    usable = state.usable_counts
-    models_ok = state_model_mask(state, r.gpu_models)
-    gpu_nodes = counts > 0
-
-    has_mig = state.mig_mask
-
-    # 1. device plugin never registered: the node has GPUs but advertises none (or fewer)
-    missing = gpu_nodes & (usable < counts) & ~has_mig & models_ok & (counts >= r.gpus_per_node)
-    if missing.any():
-        lost = int((counts - usable)[missing].sum())
-        causes.append(
-            Cause(
-                CauseCode.DEVICE_PLUGIN_MISSING,
-                f"{int(missing.sum())} node(s) have GPUs the scheduler cannot see (allocatable < capacity): "
-                f"{lost} GPU(s) missing, e.g. {', '.join(_names(state, missing, 3))}; "
-                "check the GPU device plugin / gres.conf on them",
-                {"nodes": _names(state, missing, 20), "gpus_missing": lost},
-            )
-        )
-
-    # 2. quota
-    if namespace is not None:
-        for q in state.quotas:
-            if q.namespace != namespace:
-                continue
-            used = q.gpu_used * MILLI if q.gpu_used is not None else ctx.used_by_namespace().get(namespace, 0)
-            if used + r.gpu_milli_total > q.gpu_limit * MILLI:
-                causes.append(
-                    Cause(
-                        CauseCode.QUOTA_EXCEEDED,
-                        f"quota of {namespace!r} allows {q.gpu_limit} GPU(s); {_gpus(used)} in use, "
-                        f"the request needs {_gpus(r.gpu_milli_total)} more",
-                        {"namespace": namespace, "limit": q.gpu_limit, "used": used / MILLI,
-                         "requested": r.gpu_milli_total / MILLI},
-                    )
-                )
-
-    # 3. request larger than any node (of an allowed model), or no node of that model at all
-    model_nodes = gpu_nodes & models_ok
-    largest_any = int(counts.max()) if len(counts) else 0
-    largest_model = int(counts[model_nodes].max()) if model_nodes.any() else 0
-    groups_fit = [
-        g for g in state.node_groups
-        if g.gpus_per_node >= r.gpus_per_node and (not r.gpu_models or g.gpu_model in r.gpu_models)
-    ]
-    if r.gpu_models and not model_nodes.any():
-        causes.append(
-            Cause(
-                CauseCode.NO_SUCH_GPU_MODEL,
-                f"no node has a GPU of model {' or '.join(r.gpu_models)}; models present: "
-                f"{', '.join(sorted({n.gpu_model or '?' for n in nodes if n.gpu_count})) or 'none'}",
-                {"wanted": list(r.gpu_models),
-                 "present": sorted({n.gpu_model or "?" for n in nodes if n.gpu_count})},
-            )
-        )
-    elif r.gpus_per_node > largest_model:
-        where = f" of model {'/'.join(r.gpu_models)}" if r.gpu_models else ""
-        causes.append(
-            Cause(
-                CauseCode.REQUEST_TOO_LARGE,
-                f"the request needs {r.gpus_per_node} GPUs on one node, but the largest node{where} has "
-                f"{largest_model}",
-                {"gpus_per_node": r.gpus_per_node, "largest_node_gpus": largest_model,
-                 "largest_node_any_model": largest_any},
-            )
-        )
-    elif r.node_count > int((model_nodes & (counts >= r.gpus_per_node)).sum()):
-        causes.append(
-            Cause(
-                CauseCode.REQUEST_TOO_LARGE,
-                f"the request needs {r.node_count} nodes with {r.gpus_per_node} GPUs each; the cluster has "
-                f"{int((model_nodes & (counts >= r.gpus_per_node)).sum())}",
-                {"node_count": r.node_count,
-                 "nodes_big_enough": int((model_nodes & (counts >= r.gpus_per_node)).sum())},
-            )
-        )
-
-    # 4. autoscaler at its limit: the groups that could bring a fitting node cannot grow
-    if groups_fit and all(g.current >= g.maximum for g in groups_fit):
-        causes.append(
-            Cause(
-                CauseCode.AUTOSCALER_AT_MAX,
-                "every node group that could add a fitting node is at its maximum size: "
-                + ", ".join(f"{g.name} {g.current}/{g.maximum}" for g in groups_fit),
-                {"groups": [{"name": g.name, "current": g.current, "maximum": g.maximum} for g in groups_fit]},
-            )
-        )
-
-    eligible = eligible_mask(state, r)  # memoised on the state
-    gpu_fit = capacity_fits(state.free_milli, state.cpu_free, state.mem_free, r)
-    big_enough = model_nodes & (usable >= r.gpus_per_node)
-
-    # 5. taints / selectors / partitions exclude the nodes that have room
-    excluded_room = gpu_fit & big_enough & state.schedulable_mask & ~eligible
-    if excluded_room.any() and not (gpu_fit & eligible).any():
-        detail = []
-        for i in np.flatnonzero(excluded_room)[:5]:
-            n = nodes[i]
-            if not tolerated(n, r.tolerations):
-                detail.append(f"{n.name}: untolerated taint "
-                              + ",".join(f"{t.key}={t.value}:{t.effect}" for t in n.taints))
-            elif not selector_matches(n, r.node_selector):
-                detail.append(f"{n.name}: node selector does not match")
-            elif r.partition and n.partitions and r.partition not in n.partitions:
-                detail.append(f"{n.name}: not in partition {r.partition}")
-        causes.append(
-            Cause(
-                CauseCode.TAINTS_OR_SELECTORS,
-                f"{int(excluded_room.sum())} node(s) have room but the request may not use them "
-                f"({'; '.join(detail)})",
-                {"nodes": _names(state, excluded_room, 20), "detail": detail},
-            )
-        )
-
-    # 6. nodes with room are cordoned / drained
-    unsched_room = gpu_fit & big_enough & ~state.schedulable_mask
-    if unsched_room.any() and not (gpu_fit & eligible).any():
-        causes.append(
-            Cause(
-                CauseCode.NODES_UNSCHEDULABLE,
-                f"{int(unsched_room.sum())} node(s) with room are cordoned or drained: "
-                f"{', '.join(_names(state, unsched_room, 5))}",
-                {"nodes": _names(state, unsched_room, 20)},
-            )
-        )
-
-    # 7. MIG: nodes that mix MIG slices and full GPUs advertise only their full GPUs to a whole-GPU request
-    if r.mig_profile is None and r.gpus_per_node > 0:
-        mig = has_mig & models_ok & (counts >= r.gpus_per_node) & (usable < r.gpus_per_node)
-        if mig.any() and not (gpu_fit & eligible).any():
-            mixed = [n for i, n in enumerate(nodes) if mig[i] and n.usable_gpus > 0]
-            causes.append(
-                Cause(
-                    CauseCode.MIG_MIXED,
-                    f"{int(mig.sum())} node(s) big enough for the request have GPUs split into MIG slices "
-                    f"({len(mixed)} mix MIG slices and full GPUs); a whole-GPU request cannot use the slices: "
-                    f"{', '.join(_names(state, mig, 5))}",
-                    {"nodes": _names(state, mig, 20), "mixed": [n.name for n in mixed[:20]],
-                     "profiles": sorted({p for n in nodes for p in n.mig_devices})},
-                )
-            )
-
-    # 8. the GPUs fit somewhere but CPU or memory do not
-    gpu_ok = eligible & (((state.free_milli >= r.gpu_milli).sum(axis=1)) >= r.gpus_per_node)
-    gpu_only = r.gpus_per_node > 0 and int(gpu_ok.sum()) >= r.node_count
-    fits = eligible & gpu_fit  # what fits_mask computes, from the masks already at hand
-    n_fit = int(fits.sum())
-    if gpu_only and n_fit < r.node_count:
-        causes.append(
-            Cause(
-                CauseCode.CPU_OR_MEMORY,
-                "nodes with enough free GPUs lack the CPU or memory the request asks for "
-                f"({r.cpu_milli / 1000:g} cores, {r.memory_mib} MiB per node)",
-                {"cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib},
-            )
-        )
-
-    # 9/10. enough free GPU in total? then it is fragmentation; else the cluster is simply full
-    usable_here = eligible & big_enough
-    free = state.free_milli
-    if r.gpu_milli >= MILLI:
-        per_node_free = np.where(usable_here, ctx.whole, 0)
-        free_total = int(per_node_free.sum()) * MILLI
-    else:
-        per_node_free = np.where(usable_here[:, None] & (free > 0), free, 0).sum(axis=1)
-        free_total = int(per_node_free.sum())
-    ordinary = bool(causes)
-    impossible = any(c.code in (CauseCode.REQUEST_TOO_LARGE, CauseCode.NO_SUCH_GPU_MODEL) for c in causes)
-    impossible |= gpu_only and n_fit < r.node_count  # the GPUs are there; CPU or memory is what is missing
-    if impossible:
-        pass  # no node could ever hold it: free capacity is beside the point
-    elif n_fit >= r.node_count:
-        causes.append(
-            Cause(
-                CauseCode.FITS_NOW,
-                f"the request fits now on {n_fit} node(s) (e.g. {', '.join(_names(state, fits, 3))}); "
-                "the scheduler has not placed it yet (priority, backfill or a scheduling cycle)",
-                {"nodes": _names(state, fits, 20)},
-            )
-        )
-    elif r.gpus_per_node > 0 and free_total < r.gpu_milli_total:
-        causes.append(
-            Cause(
-                CauseCode.INSUFFICIENT_GPUS,
-                f"only {_gpus(free_total)} GPU(s) free where the request may run; it needs "
-                f"{_gpus(r.gpu_milli_total)}: the cluster is full, not fragmented",
-                {"free_gpus": free_total / MILLI, "requested": r.gpu_milli_total / MILLI},
-            )
-        )
-    elif r.gpus_per_node > 0 and usable_here.any():
-        causes.append(_fragmentation_cause(state, r, usable_here, fits, ctx, free_total, ordinary))
-
+    for _code, check in CAUSE_CHECKS:
+        for c in check(facts, causes):
+            if c.evidence.get("source") == "scheduler" and any(x.code is c.code for x in causes):
+                continue  # the computed cause already says it, with its numbers
+            causes.append(c)
     if not causes:
-        causes.append(
-            Cause(CauseCode.INSUFFICIENT_GPUS, "no node may run this request", {"free_gpus": 0})
-        )
+        causes.append(Cause(CauseCode.INSUFFICIENT_GPUS, "no node may run this request", {"free_gpus": 0}))
+    # a cause the scheduler named and a computed one of the same code: keep the computed one's numbers
+    causes = _dedupe(causes)
     causes.sort(key=lambda c: _ORDER[c.code])
     return Diagnosis(workload_id, r, tuple(causes), scheduler_reason)
 
 
-def _fragmentation_cause(
-    state: ClusterState,
-    r: Request,
-    usable_here: np.ndarray,
-    fits: np.ndarray,
-    ctx: _Context,
-    free_total: int,
-    other_causes: bool,
-) -> Cause:
-    whole = ctx.whole
-    blocks = np.where(usable_here, whole, 0)
-    best = int(np.argmax(blocks))
-    best_name = state.nodes[best].name
-    # How many single-node jobs would have to leave each candidate node for the request to fit there
-    # (ignoring where they go: the planner checks that). Multi-node jobs never move.
-    moves_needed: list[tuple[int, str]] = []
-    for i in np.flatnonzero(usable_here & ~fits):
-        n = state.nodes[i]
-        need = r.gpus_per_node - int(whole[i]) if r.gpu_milli >= MILLI else 1
-        movable = sorted(
-            (len(p.gpus) for w in state.workloads_on[n.name] if not w.is_multi_node for p in w.placements
-             if p.node == n.name),
-            reverse=True,
-        )
-        if r.gpu_milli < MILLI:
-            moves_needed.append((1, n.name)) if movable else None
-            continue
-        got, k = 0, 0
-        for g in movable:
-            if got >= need:
-                break
-            got += g
-            k += 1
-        if got >= need:
-            moves_needed.append((k, n.name))
-    moves_needed.sort()
-    evidence: dict[str, object] = {
-        "free_gpus": free_total / MILLI,
-        "largest_block": int(blocks[best]),
-        "largest_block_node": best_name,
-        "nodes_fitting": int(fits.sum()),
-    }
-    if moves_needed:
-        k_min = moves_needed[0][0]
-        at_min = [name for k, name in moves_needed if k == k_min]
-        evidence.update({"min_moves_to_clear": k_min, "nodes_clearable_with_min_moves": len(at_min),
-                         "clearable_nodes": [name for _, name in moves_needed[:10]]})
-        tail = (f"; {len(at_min)} node(s) would each fit it by moving {k_min} job(s) "
-                f"(e.g. {', '.join(at_min[:3])})")
-    else:
-        tail = "; no node can be cleared by moving single-node jobs"
-    return Cause(
-        CauseCode.FRAGMENTATION,
-        f"{_gpus(free_total)} GPUs free, largest block {int(blocks[best])} on {best_name}: the free GPUs are "
-        f"scattered across nodes{tail}"
-        + (" (other causes also hold)" if other_causes else ""),
-        evidence,
-    )
+def _dedupe(causes: list[Cause]) -> list[Cause]:
+    computed = {c.code for c in causes if c.evidence.get("source") != "scheduler"}
+    return [c for c in causes if c.evidence.get("source") != "scheduler" or c.code not in computed]

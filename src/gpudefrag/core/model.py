@@ -7,6 +7,7 @@ The engines (Slurm, Kubernetes, the simulator) and the snapshot loader produce t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -16,6 +17,33 @@ from types import MappingProxyType
 import numpy as np
 
 MILLI = 1000  # milli-GPU in one whole GPU
+
+# A workload label that says "never move this" (set by the Kubernetes converter for pods whose owner gpudefrag
+# cannot replace, or by the pod itself); the snapshot's own `movable: false` says the same.
+MOVABLE_LABEL = "gpudefrag.io/movable"
+
+# Why a workload may not move (the snapshot's `movable_reason`): stable codes for reports.
+IMMOVABLE_REASONS = ("pinned", "not-checkpointable", "gang-member", "statefulset", "daemonset", "job-owner",
+                     "policy", "other")
+
+_MIG = re.compile(r"^(?:nvidia\.com/)?(?:mig-)?([1-8])g\.(\d{1,3})gb(\+me|\.me)?$")
+
+
+def mig_profile(text: str) -> str:
+    """The canonical form of a MIG profile ("3g.40gb"), from any of the spellings in use
+    (`nvidia.com/mig-3g.40gb`, `mig-3g.40gb`, `3g.40gb`). Raises ValueError for anything else."""
+    m = _MIG.match(text.strip().lower())
+    if m is None:
+        raise ValueError(f"not a MIG profile: {text!r} (e.g. nvidia.com/mig-3g.40gb)")
+    return f"{m.group(1)}g.{m.group(2)}gb" + ("+me" if m.group(3) else "")
+
+
+def same_mig_profile(a: str, b: str) -> bool:
+    """Whether two spellings name one profile (unparseable names compare as plain strings)."""
+    try:
+        return mig_profile(a) == mig_profile(b)
+    except ValueError:
+        return a == b
 
 
 class WorkloadState(StrEnum):
@@ -88,6 +116,7 @@ class Node:
     mig_devices: Mapping[str, int] = field(default_factory=dict)  # MIG profile -> count exposed
     node_group: str | None = None  # autoscaling group / pool
     partitions: tuple[str, ...] = ()  # Slurm partitions (empty: any)
+    checkpointer_version: str | None = None  # e.g. "criu 4.1.1": what a restore on this node runs
 
     @property
     def usable_gpus(self) -> int:
@@ -99,6 +128,10 @@ class Node:
     def has_mig(self) -> bool:
         return any(v > 0 for v in self.mig_devices.values())
 
+    def mig_offered(self, profile: str) -> int:
+        """How many slices of a MIG profile the node exposes (any spelling of the profile)."""
+        return sum(v for k, v in self.mig_devices.items() if same_mig_profile(k, profile))
+
     def versions(self) -> Versions:
         return Versions(
             gpu_model=self.gpu_model,
@@ -106,6 +139,7 @@ class Node:
             driver=self.driver_version,
             cuda=self.cuda_version,
             cpu_arch=self.cpu_arch,
+            checkpointer=self.checkpointer_version,
         )
 
 
@@ -165,6 +199,13 @@ class Workload:
     expected_end_at: float | None = None
     versions: Versions = field(default_factory=Versions)
     scheduler_reason: str = ""  # what the scheduler itself says (Slurm reason, PodScheduled message)
+    movable: bool = True  # False: never moved by any entry point (the snapshot's `movable`)
+    movable_reason: str = ""  # why not (one of IMMOVABLE_REASONS), when movable is False
+
+    @property
+    def can_move(self) -> bool:
+        """May any plan move it? Not when marked immovable, labelled so, or spread over several nodes."""
+        return self.movable and self.labels.get(MOVABLE_LABEL) != "false" and not self.is_multi_node
 
     @property
     def is_running(self) -> bool:
@@ -225,6 +266,7 @@ class ClusterState:
     node_groups: tuple[NodeGroup, ...] = ()
     now: float = 0.0
     name: str = "cluster"
+    scheduler: str = ""  # "slurm" | "kubernetes" | "" (unknown): whose pending reasons the workloads carry
 
     @staticmethod
     def build(
@@ -235,6 +277,7 @@ class ClusterState:
         node_groups: Iterable[NodeGroup] = (),
         now: float = 0.0,
         name: str = "cluster",
+        scheduler: str = "",
     ) -> ClusterState:
         """Validate and build. Raises ModelError naming the offending entry."""
         state = ClusterState(
@@ -244,6 +287,7 @@ class ClusterState:
             node_groups=tuple(node_groups),
             now=now,
             name=name,
+            scheduler=scheduler,
         )
         state.validate()
         return state
@@ -501,6 +545,7 @@ class ClusterState:
             node_groups=self.node_groups,
             now=self.now if now is None else now,
             name=self.name,
+            scheduler=self.scheduler,
         )
 
     def gpu_totals(self) -> tuple[int, int]:

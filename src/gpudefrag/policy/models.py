@@ -172,10 +172,29 @@ class Budgets(_Strict):
     restore_timeout_s: PosSeconds = 300.0
 
 
+Rule = Literal["exact", "minor", "major", "at-least", "any"]
+
+
+class Compat(_Strict):
+    """The one compatibility rule (`gpudefrag.core.compat`): how each version a checkpoint records must relate
+    to what the target node offers. The planner and the restore path both apply it."""
+
+    gpu_model: Rule = "exact"
+    driver: Rule = "exact"
+    cuda: Rule = "exact"
+    checkpointer: Rule = "exact"
+    engine: Rule = "exact"
+    model: Rule = "exact"
+    cpu_arch: Rule = "exact"
+    kernel: Rule = "exact"
+    strict: bool = False
+
+
 class Policy(_Strict):
     name: str = "default"
     trigger: Trigger = Trigger()
     filter: Filter = Filter()
     action: Action = Action()
     budgets: Budgets = Budgets()
+    compat: Compat = Compat()
     planner_time_limit_s: PosSeconds = 2.0

@@ -1,62 +1,21 @@
 """Slurm's pending reasons, mapped onto gpudefrag's diagnosis causes.
 
-Slurm says *that* a job waits ("Resources", "Priority"); gpudefrag's diagnosis says *why* (fragmentation or a
-full cluster). So capacity reasons map to None (the diagnosis decides), ordinary reasons map to the cause they
-are, and reasons that mean the job is not even eligible (held, dependency, begin time) map to INELIGIBLE: no
-amount of defragmentation starts such a job, so they never trigger a move.
+The table itself is pure and lives in `gpudefrag.core.scheduler_reasons` (so a snapshot's Slurm reasons are
+diagnosed without core importing an engine); this module gives it the Slurm engine's vocabulary.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from ...core.diagnose import CauseCode
-
-
-class ReasonClass(StrEnum):
-    CAPACITY = "capacity"  # waits for GPUs: diagnose decides (fragmentation / insufficient-gpus / fits-now)
-    ORDINARY = "ordinary"  # an ordinary cause Slurm already names
-    INELIGIBLE = "ineligible"  # held, dependency, begin time...: not waiting for resources at all
-
-
-CAPACITY_REASONS = frozenset({"Resources", "Priority", "None", "", "ReqNodeNotAvail, Reserved for maintenance"})
-
-INELIGIBLE_REASONS = frozenset({
-    "JobHeldUser", "JobHeldAdmin", "Dependency", "DependencyNeverSatisfied", "BeginTime", "Reservation",
-    "InvalidAccount", "InvalidQOS", "JobArrayTaskLimit", "FrontEndDown", "Licenses", "BadConstraints",
-    "SchedDefer", "Prolog", "Cleaning", "JobLaunchFailure", "NonZeroExitCode", "SystemFailure", "Requeued",
-    "RequeuedHold",
-})
-
-_ORDINARY: dict[str, CauseCode] = {
-    "ReqNodeNotAvail": CauseCode.NODES_UNSCHEDULABLE,
-    "NodeDown": CauseCode.NODES_UNSCHEDULABLE,
-    "PartitionDown": CauseCode.NODES_UNSCHEDULABLE,
-    "PartitionInactive": CauseCode.NODES_UNSCHEDULABLE,
-    "PartitionNodeLimit": CauseCode.REQUEST_TOO_LARGE,
-    "PartitionConfig": CauseCode.REQUEST_TOO_LARGE,
-    "InvalidNodeName": CauseCode.TAINTS_OR_SELECTORS,
-    "PartitionTimeLimit": CauseCode.TAINTS_OR_SELECTORS,
-    "AccountNotAllowed": CauseCode.TAINTS_OR_SELECTORS,
-    "QOSNotAllowed": CauseCode.TAINTS_OR_SELECTORS,
-    "PowerDown": CauseCode.AUTOSCALER_AT_MAX,
-    "PowerUp": CauseCode.AUTOSCALER_AT_MAX,
-}
+from ...core.scheduler_reasons import SLURM_CAPACITY as CAPACITY_REASONS
+from ...core.scheduler_reasons import SLURM_INELIGIBLE as INELIGIBLE_REASONS
+from ...core.scheduler_reasons import ReasonClass, classify_slurm
 
 
 def classify(reason: str) -> tuple[ReasonClass, CauseCode | None]:
     """(class, cause) for a Slurm pending reason. Limits (Assoc*/QOS* ...Limit, GrpTRES) are quota causes."""
-    r = reason.strip()
-    if r in CAPACITY_REASONS:
-        return ReasonClass.CAPACITY, None
-    if r in INELIGIBLE_REASONS:
-        return ReasonClass.INELIGIBLE, None
-    head = r.split(",", 1)[0].strip()
-    if head in _ORDINARY:
-        return ReasonClass.ORDINARY, _ORDINARY[head]
-    if head.startswith(("Assoc", "QOS", "MaxGRES", "MaxCpu", "MaxNode")) or "Limit" in head or "GRES" in head:
-        return ReasonClass.ORDINARY, CauseCode.QUOTA_EXCEEDED
-    return ReasonClass.CAPACITY, None
+    cls, code = classify_slurm(reason)
+    return cls, CauseCode(code) if code is not None else None
 
 
 def map_reason(reason: str) -> CauseCode | None:
@@ -67,3 +26,6 @@ def map_reason(reason: str) -> CauseCode | None:
 def waits_for_resources(reason: str) -> bool:
     """True when starting the job only needs GPUs to be free (the only case a defrag move can help)."""
     return classify(reason)[0] is ReasonClass.CAPACITY
+
+
+__all__ = ["CAPACITY_REASONS", "INELIGIBLE_REASONS", "ReasonClass", "classify", "map_reason", "waits_for_resources"]
