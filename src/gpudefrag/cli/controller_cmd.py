@@ -47,6 +47,7 @@ def controller(
     store: Path = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="Checkpoint store root"),
     key: Path = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="Store signing key"),
     snapshot: Path = typer.Option(None, "--snapshot", help="--engine sim: the cluster to simulate"),
+    costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
     request_file: Path = typer.Option(None, "--request-file",
                                       help="A file whose appearance requests a cycle (consumed)"),
     json_out: bool = JsonOpt,
@@ -58,25 +59,24 @@ def controller(
     from ..control.controller import Controller, enrich_from_store
     from ..control.executor import Executor, ExecutorConfig, crash_hook_from_env
     from ..control.journal import Journal
+    from ..engines.base import engine_names, make_engine
+    from ..policy.costs import load_cost_model
 
-    sim = None
-    if engine == "slurm":
-        from ..engines.slurm import SlurmEngine
-
-        eng = SlurmEngine()
-    elif engine == "sim":
-        from ..engines.sim import SimEngine
+    cost_model = load_cost_model(costs) if costs is not None else None
+    if engine not in engine_names():
+        raise fail(f"--engine must be {', '.join(engine_names())}, not {engine!r}")
+    if engine == "sim" and snapshot is None:
+        raise fail("--engine sim needs --snapshot FILE")
+    state = None
+    if engine == "sim":
         from ..snapshot import load_snapshot
 
-        if snapshot is None:
-            raise fail("--engine sim needs --snapshot FILE")
-        sim = eng = SimEngine(load_snapshot(snapshot))
-    elif engine == "kubernetes":
-        from ..engines.kubernetes import KubernetesEngine
-
-        eng = KubernetesEngine(context=context)
-    else:
-        raise fail(f"--engine must be slurm, kubernetes or sim, not {engine!r}")
+        state = load_snapshot(snapshot)  # type: ignore[arg-type]
+    try:
+        eng = make_engine(engine, context=context, state=state)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    sim = eng if engine == "sim" else None
 
     def log(msg: str) -> None:
         if not json_out:
@@ -122,7 +122,7 @@ def controller(
 
     ctl = Controller(eng, pol, executor, dry_run=dry_run, log=log,
                      enrich=enrich_from_store(st) if st is not None else None, request_file=request_file,
-                     can_checkpoint=can)
+                     can_checkpoint=can, costs=cost_model)
     if once:
         ctl.request()
 

@@ -95,26 +95,15 @@ def kube_snapshot(
                       f"({info['pending']} pending)")
 
 
-def _movable(cluster: KubeCluster, policy_path: Path | None) -> tuple[object, int | None]:
-    """The planner's filter: pods whose owner gpudefrag can move (bare, ReplicaSet) and that the policy allows."""
-    from ..engines.kubernetes.convert import MOVABLE_LABEL
-
-    flt = None
-    budget = None
-    if policy_path is not None:
-        from ..policy import load_policy
-
-        pol = load_policy(policy_path)
-        flt = pol.filter
-        budget = pol.budgets.max_moves_per_plan
+def _kube_movable(cluster: KubeCluster) -> object:
+    """Pods gpudefrag can replace: known to the dump and not synthetic (their owner's kind is checked by the
+    `gpudefrag.io/movable` label every entry point honours)."""
 
     def movable(w: object) -> bool:
         info = cluster.pods.get(w.id)  # type: ignore[attr-defined]
-        if info is None or info.synthetic or w.labels.get(MOVABLE_LABEL) == "false":  # type: ignore[attr-defined]
-            return False
-        return flt is None or flt.matches(w)  # type: ignore[arg-type]
+        return info is not None and not info.synthetic
 
-    return movable, budget
+    return movable
 
 
 @kube_app.command("plan")
@@ -126,7 +115,11 @@ def kube_plan(
     move: list[str] = typer.Option(None, "--move", help="WORKLOAD=NODE: build this move instead of planning "
                                    "(repeatable)"),
     checkpoint: str = typer.Option("auto", "--checkpoint", help="auto | kubelet | app"),
-    policy: Path = typer.Option(None, "--policy", help="Policy file (filter and disruption budget)"),
+    policy: Path = typer.Option(None, "--policy", help="Policy file (filter, disruption budget, compatibility "
+                                "rule), as for `gpudefrag plan`"),
+    costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
+    plan_anyway: bool = typer.Option(False, "--plan-anyway", help="Plan even when an ordinary cause keeps the "
+                                     "pod waiting"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Run the operations against an in-memory copy of the "
                                  "cluster and show what each step did"),
     json_out: bool = JsonOpt,
@@ -141,8 +134,13 @@ def kube_plan(
     cluster = _load(source, kube, context)
     state = cluster.state
     src = _src(source, cluster)
-    movable, budget = _movable(cluster, policy)
+    from ..policy.options import load_inputs, plan_options
+
+    inputs = load_inputs(policy, costs)
+    budget = inputs.policy.budgets.max_moves_per_plan if policy is not None else None
+    opts = plan_options(inputs, movable=_kube_movable(cluster))  # type: ignore[arg-type]
     plan_doc: dict[str, object] | None = None
+    decision_doc: dict[str, object] | None = None
     if move:
         moves = []
         for m in move:
@@ -154,30 +152,30 @@ def kube_plan(
                 raise fail(f"--move {m!r}: {wid} is not running")
             moves.append(SimpleMove(wid, info.node, node))
     else:
-        from ..core.planner import PlanOptions, plan_for
+        from ..core.decision import decide
 
-        pending = [w.id for w in state.pending if w.request.gpus_per_node > 0]
+        pending = [w.id for w in state.pending if w.request.gpus_per_node > 0 or w.request.mig_profile is not None]
         wid = job or (pending[0] if pending else None)
         if wid is None or wid not in state.workload_index:
             raise fail(f"{src}: no pending GPU pod" + (f" {job!r}" if job else ""))
-        opts = PlanOptions(movable=movable, max_moves=budget or 8)  # type: ignore[arg-type]
-        plan = plan_for(state, wid, opts)
-        plan_doc = plan.as_dict()
-        if not plan.feasible:
+        decision = decide(state, state.workload(wid), opts, plan_anyway=plan_anyway)
+        decision_doc = decision.as_dict()
+        plan_doc = decision.plan.as_dict() if decision.plan is not None else None
+        if decision.plan is None or not decision.plan.feasible:
             if json_out:
-                emit_json({"source": src, "plan": plan_doc, "moves": []})
+                emit_json({"source": src, "plan": plan_doc, "decision": decision_doc, "moves": []})
             else:
-                console.print(f"[red]no plan[/] for {escape(wid)}: {escape(plan.reason)}")
+                console.print(f"[red]no plan[/] for {escape(wid)}: {escape(decision.reason)}")
             raise typer.Exit(1)
-        moves = list(plan.moves)
-    seqs = build_moves(cluster, moves, MoveOptions(checkpoint=checkpoint), budget)
+        moves = list(decision.plan.moves)
+    seqs = build_moves(cluster, moves, MoveOptions(checkpoint=checkpoint, compat=inputs.compat), budget)
     results = []
     if dry_run and all(s.ok for s in seqs):
         api = InMemoryApi(cluster)
         ex = Executor(api, publish=lambda node, archive, image: None, sleep=lambda s: None)
         results = [ex.run(s, state.workload(s.workload_id).versions) for s in seqs]
     if json_out:
-        emit_json({"source": src, "plan": plan_doc, "moves": [s.as_dict() for s in seqs],
+        emit_json({"source": src, "plan": plan_doc, "decision": decision_doc, "moves": [s.as_dict() for s in seqs],
                    "pods": [as_dict_info(cluster.pods[s.workload_id]) for s in seqs if s.workload_id in cluster.pods],
                    "dry_run": [r.as_dict() for r in results]})
     else:

@@ -38,6 +38,9 @@ def serve(
     journal: Path = typer.Option(None, "--journal", help="Migration journal (SQLite) to show the history of "
                                  "(default for live engines: the controller's, if present)"),
     check: bool = typer.Option(False, "--check", help="Validate the options and the cluster, print, and exit"),
+    policy: Path = typer.Option(None, "--policy", help="Policy file: the plan preview uses its filter, budget "
+                                "and compatibility rule (as `gpudefrag plan --policy`)"),
+    costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
     json_out: bool = JsonOpt,
 ) -> None:
     """Serve the dashboard: GPU map, pending jobs with their diagnosis, plan preview, history, /metrics."""
@@ -54,11 +57,14 @@ def serve(
     if snapshot is not None and engine is not EngineName.SIM:
         raise fail("--snapshot is only used with --engine sim")
     token = _token(token_file) if enable_actions else None
+    from ..policy.options import load_inputs, plan_options
+
+    options = plan_options(load_inputs(policy, costs))  # the same PlanOptions as `plan` and the controller
     source = _source(engine, snapshot)
     if journal is None and engine is not EngineName.SIM:
         journal = _default_journal()
     _run(source, host, port, allow_remote=allow_remote, token=token, journal=journal, check=check,
-         json_out=json_out)
+         json_out=json_out, options=options)
 
 
 def serve_state(state: ClusterState, *, port: int = DEFAULT_PORT) -> None:
@@ -113,7 +119,7 @@ def _source(engine: EngineName, snapshot: Path | None):  # type: ignore[no-untyp
 
 
 def _run(source, host: str, port: int, *, allow_remote: bool, token: str | None,  # type: ignore[no-untyped-def]
-         journal: Path | None, check: bool = False, json_out: bool = False) -> None:
+         journal: Path | None, check: bool = False, json_out: bool = False, options=None) -> None:
     from ..web.app import create_app
     from ..web.server import LOOPBACK_HOSTS
     from ..web.server import serve as run_server
@@ -129,7 +135,7 @@ def _run(source, host: str, port: int, *, allow_remote: bool, token: str | None,
             console.print(f"ok: would serve {escape(state.name)} ({len(state.nodes)} nodes) at {url}")
         return
     app = create_app(source, token=token, journal=journal,
-                     allowed_hosts=None if allow_remote else LOOPBACK_HOSTS)
+                     allowed_hosts=None if allow_remote else LOOPBACK_HOSTS, plan_options=options)
     if json_out:
         emit_json(info)
     else:

@@ -22,7 +22,6 @@ from ..core.decision import Decision as Choice
 from ..core.fragmentation import frag_report
 from ..core.model import ClusterState, Request, Workload
 from ..core.planner import Plan, PlanOptions
-from ..core.scheduler_reasons import waits_for_resources
 from ..engines.base import Engine
 from ..policy.models import Policy
 from ..policy.options import PlanInputs, plan_options
@@ -183,7 +182,7 @@ class Controller:
         tr = self.policy.trigger
         out: list[Target] = []
         if tr.pending is not None:
-            for t in self._pending_targets(state, now, self.policy.budgets.max_plans_per_cycle):
+            for t in self._pending_targets(state, now, self.policy.budgets.max_plans_per_cycle, decisions):
                 out.append(t)
                 decisions.append(Decision("trigger", t.why, {"workload": t.workload_id}))
         requested = self._requested or self._consume_request_file()
@@ -210,14 +209,17 @@ class Controller:
             decisions.append(Decision("trigger", out[-1].why))
         return out
 
-    def _pending_targets(self, state: ClusterState, now: float, limit: int) -> list[Target]:
-        """Up to `limit` pending GPU jobs, oldest first, that waited long enough for resources alone and whose
-        diagnosis is fragmentation. Diagnosis stops at `limit` (the rest wait for later cycles)."""
+    def _pending_targets(self, state: ClusterState, now: float, limit: int,
+                         decisions: list[Decision] | None = None) -> list[Target]:
+        """Up to `limit` pending GPU jobs, oldest first, that waited long enough and whose decision is
+        "fragmentation alone" (the scheduler's own reason is part of the diagnosis, for every engine). Jobs an
+        ordinary cause keeps waiting are reported with their causes and skipped. Diagnosis stops at `limit`
+        (the rest wait for later cycles)."""
         pt = self.policy.trigger.pending
         assert pt is not None
         waited: dict[str, float] = {}
         for w in state.pending:
-            if w.request.gpus_per_node < pt.min_gpus or not waits_for_resources(w.scheduler_reason, state.scheduler):
+            if w.request.gpus_per_node < pt.min_gpus and w.request.mig_profile is None:
                 continue
             age = now - (w.submitted_at if w.submitted_at is not None else now)
             if age >= pt.longer_than_s:
@@ -230,7 +232,15 @@ class Controller:
         for k in range(0, len(ids), step):  # in chunks (one shared diagnosis context each), stop once enough
             for c in decide_all(state, ids[k : k + step], plan=False):
                 d = c.diagnosis
-                if fragmentation_only(d) and d.workload_id is not None and len(out) < limit:
+                if d.workload_id is None:
+                    continue
+                if not fragmentation_only(d):
+                    if decisions is not None and c.blocked_by:
+                        decisions.append(Decision("skip", f"{d.workload_id}: {c.reason}",
+                                                  {"workload": d.workload_id,
+                                                   "causes": [x.code.value for x in d.causes]}))
+                    continue
+                if len(out) < limit:
                     w = state.workload(d.workload_id)
                     out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, diagnosed "
                                       "fragmentation", w.request, w.id))

@@ -7,10 +7,10 @@ asking for what is already true succeeds, so a restarted controller can repeat t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.model import ClusterState
 from ..errors import GpudefragError
@@ -90,3 +90,59 @@ class Engine(Protocol):
     def signal(self, job_id: str, signal: str, *, batch: bool = True) -> None:
         """Send a signal to the job's batch step (the wrapper) or to all its steps."""
         ...
+
+
+# ---------------------------------------------------------------------------------------------- the registry
+EngineBuilder = Callable[..., Engine]
+_ENGINES: dict[str, tuple[EngineBuilder, frozenset[str]]] = {}
+
+
+def register_engine(name: str, args: Iterable[str] = ()) -> Callable[[EngineBuilder], EngineBuilder]:
+    """Register an engine factory under `name`, with the keyword arguments it accepts (descheduler-style: a name
+    in the configuration maps to one builder, whose arguments are checked before it runs)."""
+
+    def register(fn: EngineBuilder) -> EngineBuilder:
+        _ENGINES[name] = (fn, frozenset(args))
+        return fn
+
+    return register
+
+
+def engine_names() -> tuple[str, ...]:
+    return tuple(_ENGINES)
+
+
+def make_engine(name: str, **kwargs: Any) -> Engine:
+    """Build the engine registered as `name`. Unknown names and arguments are ValueErrors naming them; an
+    argument given as None is left to the builder's default."""
+    if name not in _ENGINES:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(_ENGINES)}")
+    fn, allowed = _ENGINES[name]
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    bad = sorted(set(given) - allowed)
+    if bad:
+        raise ValueError(f"engine {name!r} takes no argument(s) {', '.join(bad)}; it takes {sorted(allowed)}")
+    return fn(**given)
+
+
+@register_engine("slurm")
+def _slurm() -> Engine:
+    from .slurm import SlurmEngine  # each engine's dependencies load only when it is asked for
+
+    return SlurmEngine()  # type: ignore[return-value]
+
+
+@register_engine("kubernetes", args=("context",))
+def _kubernetes(context: str | None = None) -> Engine:
+    from .kubernetes import KubernetesEngine
+
+    return KubernetesEngine(context=context)  # type: ignore[return-value]
+
+
+@register_engine("sim", args=("state",))
+def _sim(state: ClusterState | None = None) -> Engine:
+    from .sim import SimEngine
+
+    if state is None:
+        raise ValueError("engine 'sim' needs a cluster state (--snapshot FILE)")
+    return SimEngine(state)

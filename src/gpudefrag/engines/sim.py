@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from ..control.agent import CkptState, CkptStatus, RunPhase, RunStatus, Ticket
 from ..core.model import ClusterState, Placement, Workload, WorkloadState
+from ..core.scheduler_reasons import waits_for_resources
 from .base import EngineError, JobInfo, JobPhase, NodeInfo
 
 FAULTS = frozenset({"checkpoint-fail", "store-full", "corrupt", "restore-fail"})
@@ -70,6 +71,7 @@ class SimJob:
     status: RunStatus | None = None
     view: Workload | None = None  # the Workload observe() reports, cached until phase/nodes/gpus change
     view_key: tuple[object, ...] | None = None
+    parts: tuple[Placement, ...] = ()  # a multi-node job's placements (it never moves)
 
 
 class SimEngine:
@@ -79,6 +81,9 @@ class SimEngine:
 
     def __init__(self, state: ClusterState, *, requeue_delay_s: float = 6.0) -> None:
         self.nodes = {n.name: n for n in state.nodes}
+        self.quotas = state.quotas  # kept, so the diagnosis sees the same quotas, groups and reasons
+        self.node_groups = state.node_groups
+        self.scheduler = state.scheduler
         self.node_order = [n.name for n in state.nodes]
         self.drained: set[str] = {n.name for n in state.nodes if not n.schedulable}
         self.now = state.now
@@ -96,7 +101,8 @@ class SimEngine:
                 proc = SimProcess(w.id, p.node, 0)
                 self.processes.append(proc)
                 self.jobs[w.id] = SimJob(w, JobPhase.RUNNING, w.nodes(), p.gpus, process=proc,
-                                         status=RunStatus(RunPhase.FRESH, p.node, at=self.now))
+                                         status=RunStatus(RunPhase.FRESH, p.node, at=self.now),
+                                         parts=w.placements if w.is_multi_node else ())
                 self.starts.append(SimStart(self.now, w.id, p.node, RunPhase.FRESH, 0))
             else:
                 self.jobs[w.id] = SimJob(w, JobPhase.PENDING)
@@ -113,15 +119,17 @@ class SimEngine:
                 j.view_key, j.view = key, self._view(j)
             if j.view is not None:
                 wls.append(j.view)
-        return ClusterState.build(nodes, wls, now=self.now, name="sim")
+        return ClusterState.build(nodes, wls, quotas=self.quotas, node_groups=self.node_groups, now=self.now,
+                                  name="sim", scheduler=self.scheduler)
 
     @staticmethod
     def _view(j: SimJob) -> Workload | None:
         if j.phase in (JobPhase.RUNNING, JobPhase.COMPLETING) and j.nodes:
-            return replace(j.workload, state=WorkloadState.RUNNING, placements=(Placement(j.nodes[0], j.gpus),))
+            parts = j.parts or (Placement(j.nodes[0], j.gpus),)
+            return replace(j.workload, state=WorkloadState.RUNNING, placements=parts)
         if j.phase in (JobPhase.PENDING, JobPhase.HELD):
-            return replace(j.workload, state=WorkloadState.PENDING, placements=(),
-                           scheduler_reason="JobHeldUser" if j.phase is JobPhase.HELD else "Resources")
+            reason = "JobHeldUser" if j.phase is JobPhase.HELD else (j.workload.scheduler_reason or "Resources")
+            return replace(j.workload, state=WorkloadState.PENDING, placements=(), scheduler_reason=reason)
         return None
 
     def _job(self, job_id: str) -> SimJob:
@@ -262,12 +270,17 @@ class SimEngine:
         used: dict[str, set[int]] = {n: set() for n in self.nodes}
         for j in self.jobs.values():
             if j.phase in (JobPhase.RUNNING, JobPhase.COMPLETING) and j.nodes:
-                used[j.nodes[0]].update(j.gpus)
+                for p in j.parts or (Placement(j.nodes[0], j.gpus),):
+                    used[p.node].update(p.gpus)
         return {n: [g for g in range(self.nodes[n].gpu_count) if g not in used[n]] for n in self.node_order}
 
     def _schedule(self) -> None:
         free = self._free_gpus()
-        pending = [j for j in self.jobs.values() if j.phase is JobPhase.PENDING]
+        # like the real scheduler: a job its own reason holds back (a QOS limit, a dependency) does not start,
+        # and this simple scheduler starts single-node jobs only
+        pending = [j for j in self.jobs.values() if j.phase is JobPhase.PENDING and j.workload.request.node_count == 1
+                   and waits_for_resources(j.workload.scheduler_reason, self.scheduler)
+                   and not self._over_quota(j.workload)]
         pending.sort(key=lambda j: (j.workload.submitted_at or 0.0, j.workload.id))
         for j in pending:
             k = j.workload.request.gpus_per_node
@@ -279,6 +292,15 @@ class SimEngine:
                     free[n] = free[n][k:]
                     self._start(j, n, gpus)
                     break
+
+    def _over_quota(self, w: Workload) -> bool:
+        q = next((q for q in self.quotas if q.namespace == w.namespace), None)
+        if q is None:
+            return False
+        used = q.gpu_used if q.gpu_used is not None else sum(
+            x.workload.request.gpus_total for x in self.jobs.values()
+            if x.phase in (JobPhase.RUNNING, JobPhase.COMPLETING) and x.workload.namespace == w.namespace)
+        return used + w.request.gpus_total > q.gpu_limit
 
     def _start(self, j: SimJob, node: str, gpus: tuple[int, ...]) -> None:
         """The job starts on `node`; its wrapper restores or starts fresh."""

@@ -19,6 +19,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..core.diagnose import diagnose_all
 from ..core.model import ClusterState, Workload, WorkloadState
+from ..core.planner import PlanOptions
 from . import metrics as metrics_mod
 from . import planning, schemas
 from .auth import TokenGuard
@@ -46,6 +47,7 @@ def create_app(
     token: str | None = None,
     journal: Path | None = None,
     allowed_hosts: list[str] | None = None,
+    plan_options: PlanOptions | None = None,
 ) -> FastAPI:
     """Build the app. `token` enables the actions; `allowed_hosts` (Host header check) defends a loopback-bound
     server against DNS rebinding."""
@@ -112,7 +114,6 @@ def create_app(
             "actions_enabled": guard.enabled,
             "can_apply": guard.enabled and source.mutable,
             "can_checkpoint": guard.enabled and (source.mutable or can_signal),
-            "planner_available": planning.planner_available(),
             "version": source.version,
             "journal": str(journal) if journal else None,
         }
@@ -148,7 +149,7 @@ def create_app(
             raise HTTPException(404, f"no workload {workload_id!r}")
         return workload_info(state.workload(workload_id))
 
-    @app.get("/api/pending/{workload_id}/plan", response_model=schemas.PlanPreview, tags=["dashboard"],
+    @app.get("/api/pending/{workload_id:path}/plan", response_model=schemas.PlanPreview, tags=["dashboard"],
              responses=_errors(e404=NOT_FOUND, e409="the workload is not pending"))
     def get_plan(workload_id: WorkloadId) -> dict[str, Any]:
         """The plan preview for one pending job: its diagnosis, the moves with their costs, the node that becomes
@@ -159,13 +160,12 @@ def create_app(
         pending_workload(state, workload_id)
         job = pending_view(state, diagnose_all(state, [workload_id]))[0]
         try:
-            plan = source.plan_for(version, workload_id, lambda: planning.make_plan(state, workload_id))
-        except planning.PlannerUnavailable:
-            plan = None  # preview() says why
+            decision = source.plan_for(version, workload_id,
+                                       lambda: planning.make_decision(state, workload_id, plan_options))
         except Exception as e:  # a planner bug must not take the page down: show it with the diagnosis
             return {"workload": job, "available": False, "message": f"the planner failed: {e}", "plan": None,
                     "before": [], "after": [], "after_summary": None, "version": version}
-        return {"workload": job, **planning.preview(state, workload_id, plan), "version": version}
+        return {"workload": job, **planning.preview(state, workload_id, decision), "version": version}
 
     @app.get("/api/history", response_model=schemas.History, tags=["dashboard"])
     def get_history(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
@@ -182,7 +182,7 @@ def create_app(
         return [s.as_dict() for s in list(source.samples)]
 
     # ------------------------------------------------------------------------------------------------ actions
-    @app.post("/api/pending/{workload_id}/apply", response_model=schemas.ApplyResult, tags=["actions"],
+    @app.post("/api/pending/{workload_id:path}/apply", response_model=schemas.ApplyResult, tags=["actions"],
               dependencies=[Depends(guard)],
               responses=_errors(e401="no valid bearer token", e403="actions are off", e404=NOT_FOUND,
                                 e409="stale version, not pending, no feasible plan, or a read-only engine"))
@@ -201,11 +201,13 @@ def create_app(
                                          f"now {source.version}): preview again")
             pending_workload(state, workload_id)
             try:
-                plan = source.plan_for(source.version, workload_id, lambda: planning.make_plan(state, workload_id))
-            except planning.PlannerUnavailable as e:
-                raise HTTPException(409, str(e)) from None
+                decision = source.plan_for(source.version, workload_id,
+                                           lambda: planning.make_decision(state, workload_id, plan_options))
             except Exception as e:
                 raise HTTPException(409, f"the planner failed: {e}") from None
+            plan = decision.plan
+            if plan is None:
+                raise HTTPException(409, f"no plan to apply: {decision.reason}")
             if not plan.feasible or not plan.moves:
                 raise HTTPException(409, f"no plan to apply: {plan.reason or 'the request fits already'}")
             try:

@@ -1,48 +1,25 @@
-"""The dashboard's bridge to the planner (`gpudefrag.core.planner`), written against its contract.
-
-The planner is imported lazily so the dashboard still serves the map and the diagnoses on a tree where the
-planner is missing or broken: the plan view then says why there is no plan instead of failing the page.
-"""
+"""The dashboard's bridge to the one decision (`gpudefrag.core.decision.decide`): the plan preview shows the
+same causes and the same plan `gpudefrag plan` gives for the same cluster and the same `--policy`/`--costs`."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any
 
+from ..core.decision import Decision, decide
 from ..core.model import ClusterState
+from ..core.planner import PlanOptions, apply_moves
 from .views import _jsonable, node_rows, summary
 
 
-class PlannerUnavailable(RuntimeError):
-    """The planner module is missing or failed to import."""
-
-
-def _planner() -> Any:
-    try:
-        return importlib.import_module("gpudefrag.core.planner")
-    except ImportError as e:  # the planner lands in another change; say so rather than crash
-        raise PlannerUnavailable(f"the planner is not available: {e}") from None
-
-
-def planner_available() -> bool:
-    try:
-        _planner()
-    except PlannerUnavailable:
-        return False
-    return True
-
-
-def make_plan(state: ClusterState, workload_id: str) -> Any:
-    """The planner's Plan for one pending workload (raises PlannerUnavailable, KeyError)."""
-    planner = _planner()
-    w = state.workload(workload_id)
-    return planner.plan_moves(state, w.request, planner.PlanOptions())
+def make_decision(state: ClusterState, workload_id: str, options: PlanOptions | None = None) -> Decision:
+    """The decision for one pending workload (raises KeyError for an unknown id)."""
+    return decide(state, state.workload(workload_id), options)
 
 
 def apply_plan(state: ClusterState, plan: Any) -> ClusterState:
     """The state after the plan's moves (validated by the planner's apply_moves)."""
-    return _planner().apply_moves(state, plan.moves)
+    return apply_moves(state, plan.moves)
 
 
 def _cost_dict(cost: Any) -> dict[str, Any]:
@@ -91,14 +68,17 @@ def plan_dict(state: ClusterState, plan: Any) -> dict[str, Any]:
     }
 
 
-def preview(state: ClusterState, workload_id: str, plan: Any | None = None) -> dict[str, Any]:
-    """The plan for a pending workload with the map rows of the nodes it touches, before and after."""
+def preview(state: ClusterState, workload_id: str, decision: Decision | None = None,
+            options: PlanOptions | None = None) -> dict[str, Any]:
+    """The decision for a pending workload: when an ordinary cause blocks it, that cause and no plan; else the
+    plan with the map rows of the nodes it touches, before and after, and the priced alternatives."""
+    if decision is None:
+        decision = make_decision(state, workload_id, options)
+    info = _jsonable(decision.as_dict())
+    plan = decision.plan
     if plan is None:
-        try:
-            plan = make_plan(state, workload_id)
-        except PlannerUnavailable as e:
-            return {"available": False, "message": str(e), "plan": None, "before": [], "after": [],
-                    "after_summary": None}
+        return {"available": False, "message": decision.reason, "plan": None, "before": [], "after": [],
+                "after_summary": None, "decision": info}
     body = plan_dict(state, plan)
     touched: list[str] = []
     for m in body["moves"]:
@@ -120,5 +100,7 @@ def preview(state: ClusterState, workload_id: str, plan: Any | None = None) -> d
         else:
             after = node_rows(after_state, idx, request)
             after_summary = summary(after_state, request)
+    if decision.chosen not in ("move", "none"):
+        message = (message + "; " if message else "") + decision.reason
     return {"available": True, "message": message, "plan": body, "before": before, "after": after,
-            "after_summary": after_summary}
+            "after_summary": after_summary, "decision": info}

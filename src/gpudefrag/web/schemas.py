@@ -17,7 +17,6 @@ class Config(BaseModel):
     actions_enabled: bool  # a token is configured
     can_apply: bool  # apply-plan works here (in-memory cluster)
     can_checkpoint: bool  # trigger-checkpoint works here (in-memory, or an engine that can signal the wrapper)
-    planner_available: bool
     version: int
     journal: str | None
 
@@ -132,9 +131,10 @@ class PlanOut(BaseModel):
 
 class PlanPreview(BaseModel):
     workload: PendingJob
-    available: bool  # False: the planner is not installed / importable
+    available: bool  # False: no plan (an ordinary cause blocks the job, or the planner failed); message says why
     message: str
     plan: PlanOut | None
+    decision: dict[str, Any] | None = None  # core.decision.Decision.as_dict(): causes, options, the one chosen
     before: list[NodeRow]
     after: list[NodeRow]
     after_summary: Summary | None
