@@ -59,7 +59,7 @@ def controller(
     from ..control.controller import Controller, enrich_from_store
     from ..control.executor import Executor, ExecutorConfig, crash_hook_from_env
     from ..control.journal import Journal
-    from ..engines.base import engine_names, make_engine
+    from ..engines.registry import engine_names, make_engine
     from ..policy.costs import load_cost_model
 
     cost_model = load_cost_model(costs) if costs is not None else None

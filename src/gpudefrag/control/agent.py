@@ -11,56 +11,14 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import asdict, dataclass
-from enum import StrEnum
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..engines.base import CkptState, CkptStatus, RunPhase, RunStatus, Ticket
 from ..fileio import write_json_atomic
 
-
-class CkptState(StrEnum):
-    PENDING = "pending"  # asked, no answer yet
-    OK = "ok"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class CkptStatus:
-    state: CkptState
-    ckpt_id: str | None = None
-    reason: str = ""  # a stable checkpoint reason code when failed (checkpoint-failed, store-full, ...)
-    detail: str = ""
-    still_running: bool = True  # after a failure: is the workload still running where it was?
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """What the job must do at its next start: restore `ckpt_id` (None: no usable checkpoint) — and why."""
-
-    id: str
-    ckpt_id: str | None
-    reason: str = ""
-
-
-class RunPhase(StrEnum):
-    STARTING = "starting"
-    RESTORED = "restored"
-    COLD_STARTED = "cold-started"  # started fresh although a restore was wanted; `reason` says why
-    FRESH = "fresh"  # a first start, nothing to restore
-    CHECKPOINTED = "checkpointed"  # stopped for a move, waiting to be requeued
-    EXITED = "exited"
-
-
-@dataclass(frozen=True)
-class RunStatus:
-    phase: RunPhase
-    node: str = ""
-    ticket_id: str | None = None  # the ticket this start handled
-    ckpt_id: str | None = None  # what it restored
-    reason: str = ""
-    pid: int | None = None
-    at: float = 0.0
+__all__ = ["Agent", "CkptState", "CkptStatus", "FileAgent", "JobDir", "RunPhase", "RunStatus", "Ticket", "read_json"]
 
 
 _LIVE = frozenset({RunPhase.STARTING, RunPhase.FRESH, RunPhase.RESTORED, RunPhase.COLD_STARTED})

@@ -7,10 +7,10 @@ asking for what is already true succeeds, so a restarted controller can repeat t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ..core.model import ClusterState
 from ..errors import GpudefragError
@@ -92,57 +92,49 @@ class Engine(Protocol):
         ...
 
 
-# ---------------------------------------------------------------------------------------------- the registry
-EngineBuilder = Callable[..., Engine]
-_ENGINES: dict[str, tuple[EngineBuilder, frozenset[str]]] = {}
+# ---------------------------------------------------------------------------------------------- agent messages
+# What the executor and a job's wrapper say to each other (control.agent's FileAgent carries them in files, the
+# simulated engine in memory). They live here, below both, so the engines never import control.
+
+class CkptState(StrEnum):
+    PENDING = "pending"  # asked, no answer yet
+    OK = "ok"
+    FAILED = "failed"
 
 
-def register_engine(name: str, args: Iterable[str] = ()) -> Callable[[EngineBuilder], EngineBuilder]:
-    """Register an engine factory under `name`, with the keyword arguments it accepts (descheduler-style: a name
-    in the configuration maps to one builder, whose arguments are checked before it runs)."""
-
-    def register(fn: EngineBuilder) -> EngineBuilder:
-        _ENGINES[name] = (fn, frozenset(args))
-        return fn
-
-    return register
+@dataclass(frozen=True)
+class CkptStatus:
+    state: CkptState
+    ckpt_id: str | None = None
+    reason: str = ""  # a stable checkpoint reason code when failed (checkpoint-failed, store-full, ...)
+    detail: str = ""
+    still_running: bool = True  # after a failure: is the workload still running where it was?
 
 
-def engine_names() -> tuple[str, ...]:
-    return tuple(_ENGINES)
+@dataclass(frozen=True)
+class Ticket:
+    """What the job must do at its next start: restore `ckpt_id` (None: no usable checkpoint) — and why."""
+
+    id: str
+    ckpt_id: str | None
+    reason: str = ""
 
 
-def make_engine(name: str, **kwargs: Any) -> Engine:
-    """Build the engine registered as `name`. Unknown names and arguments are ValueErrors naming them; an
-    argument given as None is left to the builder's default."""
-    if name not in _ENGINES:
-        raise ValueError(f"unknown engine {name!r}; known: {', '.join(_ENGINES)}")
-    fn, allowed = _ENGINES[name]
-    given = {k: v for k, v in kwargs.items() if v is not None}
-    bad = sorted(set(given) - allowed)
-    if bad:
-        raise ValueError(f"engine {name!r} takes no argument(s) {', '.join(bad)}; it takes {sorted(allowed)}")
-    return fn(**given)
+class RunPhase(StrEnum):
+    STARTING = "starting"
+    RESTORED = "restored"
+    COLD_STARTED = "cold-started"  # started fresh although a restore was wanted; `reason` says why
+    FRESH = "fresh"  # a first start, nothing to restore
+    CHECKPOINTED = "checkpointed"  # stopped for a move, waiting to be requeued
+    EXITED = "exited"
 
 
-@register_engine("slurm")
-def _slurm() -> Engine:
-    from .slurm import SlurmEngine  # each engine's dependencies load only when it is asked for
-
-    return SlurmEngine()  # type: ignore[return-value]
-
-
-@register_engine("kubernetes", args=("context",))
-def _kubernetes(context: str | None = None) -> Engine:
-    from .kubernetes import KubernetesEngine
-
-    return KubernetesEngine(context=context)  # type: ignore[return-value]
-
-
-@register_engine("sim", args=("state",))
-def _sim(state: ClusterState | None = None) -> Engine:
-    from .sim import SimEngine
-
-    if state is None:
-        raise ValueError("engine 'sim' needs a cluster state (--snapshot FILE)")
-    return SimEngine(state)
+@dataclass(frozen=True)
+class RunStatus:
+    phase: RunPhase
+    node: str = ""
+    ticket_id: str | None = None  # the ticket this start handled
+    ckpt_id: str | None = None  # what it restored
+    reason: str = ""
+    pid: int | None = None
+    at: float = 0.0

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..control.agent import CkptState, CkptStatus, RunPhase, RunStatus, Ticket
 from ..core.model import ClusterState, Placement, Workload, WorkloadState
 from ..core.scheduler_reasons import waits_for_resources
-from .base import EngineError, JobInfo, JobPhase, NodeInfo
+from .base import CkptState, CkptStatus, EngineError, JobInfo, JobPhase, NodeInfo, RunPhase, RunStatus, Ticket
 
 FAULTS = frozenset({"checkpoint-fail", "store-full", "corrupt", "restore-fail"})
 

@@ -9,7 +9,6 @@ Every observation appends one sample to a small in-memory time series (fragmenta
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import threading
 import time
 import uuid
@@ -153,17 +152,12 @@ class EngineSource(ClusterSource):
             return self._state
 
 
-ENGINE_CLASSES = {
-    "slurm": ("gpudefrag.engines.slurm", "SlurmEngine"),
-    "kubernetes": ("gpudefrag.engines.kubernetes", "KubernetesEngine"),
-}
-
-
 def make_engine(name: str) -> Any:
     """Construct a live engine by name with its defaults (Slurm: the CLI tools on PATH; Kubernetes: the current
-    kubeconfig context)."""
-    module, cls = ENGINE_CLASSES[name]
-    return getattr(importlib.import_module(module), cls)()
+    kubeconfig context), from the one engine registry."""
+    from ..engines.registry import make_engine as build
+
+    return build(name)
 
 
 def move_records(state: ClusterState, plan: Any, at: float, reason: str) -> list[MoveRecord]:
@@ -193,12 +187,10 @@ def read_journal(path: Path | None, limit: int = 100) -> tuple[list[dict[str, An
         return [], "no journal configured (serve --journal FILE)"
     if not path.exists():
         return [], f"journal {path} does not exist yet"
+    from ..control.journal import Journal
+
     try:
-        mod = importlib.import_module("gpudefrag.control.journal")
-    except ImportError as e:
-        return [], f"journal reader not available: {e}"
-    try:
-        j = mod.Journal(path)
+        j = Journal(path)
         try:
             rows = j.history(limit=limit)
         finally:
