@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from ..core.cost import CostModel
-from ..core.decision import MOVE, decide, decide_all, fragmentation_only
+from ..core.decision import MOVE, decide
 from ..core.decision import Decision as Choice
-from ..core.fragmentation import frag_report
-from ..core.model import ClusterState, Request, Workload
+from ..core.model import ClusterState, Workload
 from ..core.planner import Plan, PlanOptions
 from ..engines.base import Engine
 from ..policy.models import Policy
 from ..policy.options import PlanInputs, plan_options
+from ..policy.triggers import Target, TriggerContext, evaluate
 from .executor import Executor
 
 
@@ -54,15 +54,6 @@ class CycleReport:
         return {"at": self.at, "nodes": self.nodes, "running": self.running, "pending": self.pending,
                 "in_flight": self.in_flight, "duration_s": round(self.duration_s, 4), "dry_run": self.dry_run,
                 "decisions": [d.as_dict() for d in self.decisions], "plans": [p.as_dict() for p in self.plans]}
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a trigger wants placed: a pending workload, or (cron / fragmentation threshold) a whole free node."""
-
-    why: str
-    request: Request
-    workload_id: str | None = None
 
 
 class Controller:
@@ -179,74 +170,17 @@ class Controller:
 
     # ------------------------------------------------------------------ triggers
     def triggers(self, state: ClusterState, now: float, decisions: list[Decision]) -> list[Target]:
+        """The policy's registered triggers (gpudefrag.policy.triggers), in order; their notes become decisions."""
         tr = self.policy.trigger
-        out: list[Target] = []
-        if tr.pending is not None:
-            for t in self._pending_targets(state, now, self.policy.budgets.max_plans_per_cycle, decisions):
-                out.append(t)
-                decisions.append(Decision("trigger", t.why, {"workload": t.workload_id}))
         requested = self._requested or self._consume_request_file()
         self._requested = False
         cron = tr.cron_due(self._last_cron, now)
         if tr.cron is not None:
             self._last_cron = now if self._last_cron is None or cron else self._last_cron
-        frag = None
-        if tr.fragmentation_above is not None:
-            frag = frag_report(state).fgd_ratio
-        whole = Request(gpus_per_node=max(state.max_gpus, 1))
-        if (cron or (requested and tr.on_request)) and not out:
-            why = "cron schedule" if cron else "explicit request"
-            if tr.fragmentation_above is not None and frag is not None and frag <= tr.fragmentation_above:
-                decisions.append(Decision("skip", f"{why}, but fragmentation {frag:.2f} <= "
-                                          f"{tr.fragmentation_above:.2f}"))
-            else:
-                out.append(Target(f"{why}: free a whole node", whole))
-                decisions.append(Decision("trigger", out[-1].why))
-        elif (tr.fragmentation_above is not None and tr.cron is None and frag is not None
-              and frag > tr.fragmentation_above and not out):
-            out.append(Target(f"fragmentation {frag:.2f} above {tr.fragmentation_above:.2f}: free a whole node",
-                              whole))
-            decisions.append(Decision("trigger", out[-1].why))
-        return out
-
-    def _pending_targets(self, state: ClusterState, now: float, limit: int,
-                         decisions: list[Decision] | None = None) -> list[Target]:
-        """Up to `limit` pending GPU jobs, oldest first, that waited long enough and whose decision is
-        "fragmentation alone" (the scheduler's own reason is part of the diagnosis, for every engine). Jobs an
-        ordinary cause keeps waiting are reported with their causes and skipped. Diagnosis stops at `limit`
-        (the rest wait for later cycles)."""
-        pt = self.policy.trigger.pending
-        assert pt is not None
-        waited: dict[str, float] = {}
-        for w in state.pending:
-            if w.request.gpus_per_node < pt.min_gpus and w.request.mig_profile is None:
-                continue
-            age = now - (w.submitted_at if w.submitted_at is not None else now)
-            if age >= pt.longer_than_s:
-                waited[w.id] = age
-        if not waited:
-            return []
-        out: list[Target] = []
-        ids = list(waited)  # state.pending order: oldest first
-        step = max(limit, 8)
-        for k in range(0, len(ids), step):  # in chunks (one shared diagnosis context each), stop once enough
-            for c in decide_all(state, ids[k : k + step], plan=False):
-                d = c.diagnosis
-                if d.workload_id is None:
-                    continue
-                if not fragmentation_only(d):
-                    if decisions is not None and c.blocked_by:
-                        decisions.append(Decision("skip", f"{d.workload_id}: {c.reason}",
-                                                  {"workload": d.workload_id,
-                                                   "causes": [x.code.value for x in d.causes]}))
-                    continue
-                if len(out) < limit:
-                    w = state.workload(d.workload_id)
-                    out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, diagnosed "
-                                      "fragmentation", w.request, w.id))
-            if len(out) >= limit:
-                break
-        return out
+        ctx = TriggerContext(state, now, self.policy, requested=requested, cron_due=cron)
+        targets = evaluate(ctx)
+        decisions.extend(Decision(kind, reason, detail) for kind, reason, detail in ctx.notes)
+        return targets
 
     def _consume_request_file(self) -> bool:
         if self.request_file is None or not self.request_file.exists():

@@ -1,0 +1,145 @@
+"""The policy's triggers as a registry: one function per trigger, registered in order with its name.
+
+A trigger looks at the cluster (and what the triggers before it found) and returns the targets it wants placed:
+a pending workload whose decision is "fragmentation alone", or a whole free node (cron schedule, explicit
+request, fragmentation above a threshold). Each also leaves notes (trigger / skip, with the reason) for the
+controller's log. Pure: the controller supplies the clock, the cron bookkeeping and the request flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.decision import decide_all, fragmentation_only
+from ..core.fragmentation import frag_report
+from ..core.model import ClusterState, Request
+from .models import Policy
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a trigger wants placed: a pending workload, or (cron / fragmentation threshold) a whole free node."""
+
+    why: str
+    request: Request
+    workload_id: str | None = None
+
+
+@dataclass
+class TriggerContext:
+    state: ClusterState
+    now: float
+    policy: Policy
+    requested: bool = False  # an explicit request (CLI / API) arrived since the last cycle
+    cron_due: bool = False  # the cron schedule fired since the last cycle
+    notes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (kind, reason, detail)
+    _frag: float | None = None
+
+    def note(self, kind: str, reason: str, **detail: Any) -> None:
+        self.notes.append((kind, reason, detail))
+
+    @property
+    def fragmentation(self) -> float:
+        """The cluster's FGD fragmentation ratio (computed once, when a trigger asks)."""
+        if self._frag is None:
+            self._frag = frag_report(self.state).fgd_ratio
+        return self._frag
+
+    def whole_node(self) -> Request:
+        return Request(gpus_per_node=max(self.state.max_gpus, 1))
+
+
+TriggerFn = Callable[[TriggerContext, list[Target]], list[Target]]
+TRIGGERS: list[tuple[str, TriggerFn]] = []
+
+
+def trigger(name: str) -> Callable[[TriggerFn], TriggerFn]:
+    """Register a trigger under `name`, after those already registered."""
+
+    def register(fn: TriggerFn) -> TriggerFn:
+        TRIGGERS.append((name, fn))
+        return fn
+
+    return register
+
+
+def evaluate(ctx: TriggerContext) -> list[Target]:
+    """Every registered trigger in order; the targets they want placed."""
+    found: list[Target] = []
+    for _name, fn in TRIGGERS:
+        found.extend(fn(ctx, found))
+    return found
+
+
+@trigger("pending")
+def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target]:
+    """Up to `max_plans_per_cycle` pending GPU jobs, oldest first, that waited long enough and whose decision is
+    "fragmentation alone" (the scheduler's own reason is part of the diagnosis, for every engine). Jobs an
+    ordinary cause keeps waiting are noted with their causes and skipped. Diagnosis stops once enough are found
+    (the rest wait for later cycles)."""
+    pt = ctx.policy.trigger.pending
+    if pt is None:
+        return []
+    limit = ctx.policy.budgets.max_plans_per_cycle
+    waited: dict[str, float] = {}
+    for w in ctx.state.pending:
+        if w.request.gpus_per_node < pt.min_gpus and w.request.mig_profile is None:
+            continue
+        age = ctx.now - (w.submitted_at if w.submitted_at is not None else ctx.now)
+        if age >= pt.longer_than_s:
+            waited[w.id] = age
+    out: list[Target] = []
+    ids = list(waited)  # state.pending order: oldest first
+    step = max(limit, 8)
+    for k in range(0, len(ids), step):  # in chunks (one shared diagnosis context each), stop once enough
+        for c in decide_all(ctx.state, ids[k : k + step], plan=False):
+            d = c.diagnosis
+            if d.workload_id is None:
+                continue
+            if not fragmentation_only(d):
+                if c.blocked_by:
+                    ctx.note("skip", f"{d.workload_id}: {c.reason}", workload=d.workload_id,
+                             causes=[x.code.value for x in d.causes])
+                continue
+            if len(out) < limit:
+                w = ctx.state.workload(d.workload_id)
+                out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, diagnosed "
+                                  "fragmentation", w.request, w.id))
+                ctx.note("trigger", out[-1].why, workload=w.id)
+        if len(out) >= limit:
+            break
+    return out
+
+
+@trigger("scheduled")
+def cron_or_request(ctx: TriggerContext, found: list[Target]) -> list[Target]:
+    """The cron schedule or an explicit request: free a whole node — unless fragmentation is below the policy's
+    threshold, or a pending job already gets a plan this cycle."""
+    tr = ctx.policy.trigger
+    if found or not (ctx.cron_due or (ctx.requested and tr.on_request)):
+        return []
+    why = "cron schedule" if ctx.cron_due else "explicit request"
+    if tr.fragmentation_above is not None and ctx.fragmentation <= tr.fragmentation_above:
+        ctx.note("skip", f"{why}, but fragmentation {ctx.fragmentation:.2f} <= {tr.fragmentation_above:.2f}")
+        return []
+    t = Target(f"{why}: free a whole node", ctx.whole_node())
+    ctx.note("trigger", t.why)
+    return [t]
+
+
+@trigger("fragmentation-above")
+def fragmentation_above(ctx: TriggerContext, found: list[Target]) -> list[Target]:
+    """Without a cron schedule, fragmentation above the threshold frees a whole node at once."""
+    tr = ctx.policy.trigger
+    if found or tr.fragmentation_above is None or tr.cron is not None:
+        return []
+    if ctx.cron_due or (ctx.requested and tr.on_request):  # the scheduled trigger decided already
+        return []
+    if ctx.fragmentation <= tr.fragmentation_above:
+        return []
+    t = Target(f"fragmentation {ctx.fragmentation:.2f} above {tr.fragmentation_above:.2f}: free a whole node",
+               ctx.whole_node())
+    ctx.note("trigger", t.why)
+    return [t]
