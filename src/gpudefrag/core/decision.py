@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .cost import AltCost, CostModel, alternatives, gpu_equivalents
-from .diagnose import Cause, CauseCode, Diagnosis, diagnose, diagnose_all, diagnose_request
+from .diagnose import Cause, Diagnosis, diagnose, diagnose_all, diagnose_request
 from .model import ClusterState, Request, Workload
 from .planner import Plan, PlanOptions, plan_moves
 
@@ -202,7 +202,3 @@ def _priced(plan: Plan, alts: tuple[AltCost, ...]) -> tuple[Option, ...]:
     best = min((o for o in opts if o.known), key=lambda o: o.gpu_s)
     return tuple(dataclasses.replace(o, cheapest=o is best) for o in opts)
 
-
-def fragmentation_only(d: Diagnosis) -> bool:
-    """The controller's trigger condition: fragmentation (whole GPUs or partial ones) and nothing ordinary."""
-    return d.codes == (CauseCode.FRAGMENTATION,)

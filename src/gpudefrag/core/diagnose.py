@@ -587,18 +587,15 @@ def diagnose_request(
     facts = Facts(state, r, _ctx or _Context(state), namespace, scheduler_reason)
     causes: list[Cause] = []
     for _code, check in CAUSE_CHECKS:
-        for c in check(facts, causes):
-            if c.evidence.get("source") == "scheduler" and any(x.code is c.code for x in causes):
-                continue  # the computed cause already says it, with its numbers
-            causes.append(c)
+        causes.extend(check(facts, causes))
     if not causes:
         causes.append(Cause(CauseCode.INSUFFICIENT_GPUS, "no node may run this request", {"free_gpus": 0}))
-    # a cause the scheduler named and a computed one of the same code: keep the computed one's numbers
     causes = _dedupe(causes)
     causes.sort(key=lambda c: _ORDER[c.code])
     return Diagnosis(workload_id, r, tuple(causes), scheduler_reason)
 
 
 def _dedupe(causes: list[Cause]) -> list[Cause]:
+    """A cause the scheduler named and a computed one of the same code: keep the computed one (its numbers)."""
     computed = {c.code for c in causes if c.evidence.get("source") != "scheduler"}
     return [c for c in causes if c.evidence.get("source") != "scheduler" or c.code not in computed]

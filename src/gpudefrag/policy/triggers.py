@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.decision import decide_all, fragmentation_only
+from ..core.decision import decide_all
 from ..core.fragmentation import frag_report
 from ..core.model import ClusterState, Request
 from .models import Policy
@@ -98,7 +98,7 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
             d = c.diagnosis
             if d.workload_id is None:
                 continue
-            if not fragmentation_only(d):
+            if not d.is_fragmentation:
                 if c.blocked_by:
                     ctx.note("skip", f"{d.workload_id}: {c.reason}", workload=d.workload_id,
                              causes=[x.code.value for x in d.causes])
