@@ -80,7 +80,7 @@ def cost_model_from_doc(doc: Any, source: str) -> CostModel:
 
 
 def load_cost_model(path: Path) -> CostModel:
-    return cost_model_from_doc(read_document(path), str(path))
+    return cost_model_from_doc(read_document(path, "cost"), str(path))
 
 
 def register(app: typer.Typer) -> None:
