@@ -330,23 +330,26 @@ def _check_yaml(loader: _GuardedYamlLoader, root: Any, src: str) -> None:
 def parse_yaml(raw: bytes | str, src: str) -> Any:
     """Decode YAML (safe types only) with the same guards as parse_json; errors name the field and the line."""
     text = decode_text(raw, src) if isinstance(raw, bytes) else raw
-    loader = _GuardedYamlLoader(text)
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _check_yaml(loader, node, src)
-        return loader.construct_document(node)
+        loader = _GuardedYamlLoader(text)  # the reader refuses control characters here, before any parsing
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_yaml(loader, node, src)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
         raise InputError(src, where, f"invalid YAML: {e.problem or e}") from None
+    except yaml.reader.ReaderError as e:
+        raise InputError(src, f"character {e.position}", f"invalid YAML: {e.reason} (#x{e.character:04x})") from None
     except yaml.YAMLError as e:
         raise InputError(src, "(document)", f"invalid YAML: {e}") from None
     except RecursionError:
         raise InputError(src, "(document)", "invalid YAML: nested too deeply") from None
-    finally:
-        loader.dispose()
 
 
 def read_document(path: str | os.PathLike[str], kind: str) -> Any:

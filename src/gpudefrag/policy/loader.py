@@ -29,7 +29,9 @@ def parse_policy(doc: Any, source: str = "<policy>") -> Policy:
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:
-    """Read (guarded: regular file, size, depth, duplicates, numbers) and validate a policy file (YAML, or
-    JSON, which is YAML). Raises InputError(file, field, message)."""
+    """Read (guarded: regular file, size, depth, duplicates, numbers) and validate a policy file: JSON when it
+    is named .json, else YAML. Raises InputError(file, field, message)."""
     src = str(path)
-    return parse_policy(fileio.parse_yaml(fileio.read_input(path, "policy"), src), src)
+    raw = fileio.read_input(path, "policy")
+    return parse_policy(fileio.parse_json(raw, src) if src.lower().endswith(".json") else fileio.parse_yaml(raw, src),
+                        src)
