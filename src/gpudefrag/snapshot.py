@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from . import fileio
 from .core.model import (
     IMMOVABLE_REASONS,
+    MAX_AMOUNT,
     MILLI,
     ClusterState,
     ModelError,
@@ -41,7 +42,13 @@ from .fileio import bulk_allocation, write_json_atomic
 
 FORMAT_VERSION = 2  # 2: movable/movable_reason, checkpointer_version, scheduler, checked MIG profiles (1 still read)
 
-NonNeg = Annotated[int, Field(ge=0)]
+# Every number has a bound the model can hold (issue 15: `cpu_milli: 10**30` overflowed NumPy, `now: 1e308` made
+# `plan --json` print Infinity): sums over a million nodes still fit in int64, times are seconds within ±3,000 years.
+NonNeg = Annotated[int, Field(ge=0, le=2**31 - 1)]  # counts: GPUs, MIG slices, quotas, group sizes
+Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]  # per-object CPU millicores and memory MiB
+Bytes = Annotated[int, Field(ge=0, le=2**53)]  # 8 PiB, exact as a float
+Time = Annotated[float, Field(ge=-1e11, le=1e11, allow_inf_nan=False)]  # seconds (epoch or trace-relative)
+Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]  # Kubernetes and Slurm priorities are 32-bit
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 
 
@@ -88,8 +95,8 @@ class NodeIn(_Strict):
     gpu_allocatable: NonNeg | None = Field(
         None, description="GPUs the device plugin advertises; null = all; 0 = plugin not registered"
     )
-    cpu_milli: NonNeg = 0
-    memory_mib: NonNeg = 0
+    cpu_milli: Amount = 0
+    memory_mib: Amount = 0
     driver_version: str | None = None
     cuda_version: str | None = None
     cpu_arch: str | None = None
@@ -127,8 +134,8 @@ class WorkloadIn(_Strict):
     gpus_per_node: Annotated[int, Field(ge=0, le=1024)]
     node_count: Annotated[int, Field(ge=1, le=100000)] = 1
     gpu_milli: Annotated[int, Field(ge=0, le=MILLI)] = MILLI
-    cpu_milli: NonNeg = 0
-    memory_mib: NonNeg = 0
+    cpu_milli: Amount = 0
+    memory_mib: Amount = 0
     gpu_models: list[str] = Field(default_factory=list)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[TolerationIn] = Field(default_factory=list)
@@ -136,14 +143,14 @@ class WorkloadIn(_Strict):
     mig_profile: str | None = None
     namespace: str = "default"
     user: str = ""
-    priority: int = 0
+    priority: Priority = 0
     labels: dict[str, str] = Field(default_factory=dict)
     placements: list[PlacementIn] = Field(default_factory=list)
-    checkpoint_bytes: NonNeg = 0
-    last_checkpoint_at: float | None = None
-    submitted_at: float | None = None
-    started_at: float | None = None
-    expected_end_at: float | None = None
+    checkpoint_bytes: Bytes = 0
+    last_checkpoint_at: Time | None = None
+    submitted_at: Time | None = None
+    started_at: Time | None = None
+    expected_end_at: Time | None = None
     versions: VersionsIn | None = None
     scheduler_reason: str = ""
     movable: bool = Field(True, description="false: no entry point ever moves it")
@@ -174,7 +181,7 @@ class Snapshot(_Strict):
 
     version: Literal[1, 2] = FORMAT_VERSION
     name: str = "cluster"
-    now: float = 0.0
+    now: Time = 0.0
     scheduler: Literal["", "slurm", "kubernetes"] = Field("", description="whose pending reasons the workloads "
                                                           "carry (empty: told apart by their shape)")
     nodes: list[NodeIn]
@@ -184,36 +191,9 @@ class Snapshot(_Strict):
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def read_document(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON or YAML file, turning every decoding problem into an InputError with a position."""
-    p = Path(path)
-    src = str(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise InputError(src, "", f"cannot read: {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise InputError(src, f"byte {e.start} (line {line})", "not valid UTF-8") from None
-    if p.suffix.lower() in (".yaml", ".yml"):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
-            raise InputError(src, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        raise InputError(src, f"line {e.lineno}, column {e.colno}", f"invalid JSON: {e.msg}") from None
-    except ValueError as e:
-        raise InputError(src, "(document)", str(e)) from None
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"invalid JSON: {name} is not a number")
+def read_document(path: str | os.PathLike[str], kind: str = "snapshot") -> Any:
+    """Parse a JSON or YAML file through the guarded reader (fileio): every problem is an InputError with a place."""
+    return fileio.read_document(path, kind)
 
 
 def parse_snapshot(doc: Any, source: str = "<snapshot>") -> Snapshot:
@@ -368,19 +348,11 @@ def _load_snapshot(path: str | os.PathLike[str]) -> ClusterState:
     p = Path(path)
     if p.suffix.lower() in (".yaml", ".yml"):
         return to_state(parse_snapshot(read_document(path), src), src)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise InputError(src, "", f"cannot read: {e.strerror or e}") from None
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        read_document(path)  # raises the positioned UTF-8 error
+    raw = fileio.read_input(path, "snapshot")
+    fileio.parse_json(raw, src, check_only=True)  # duplicate keys, NaN, nesting: pydantic's parser lets them by
     try:
         snap = Snapshot.model_validate_json(raw)
     except ValidationError as e:
-        if any(err["type"] == "json_invalid" for err in e.errors(include_url=False)):
-            read_document(path)  # raises the positioned JSON error
         raise _validation_error(e, src) from None
     return to_state(snap, src)
 

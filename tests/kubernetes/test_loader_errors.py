@@ -46,7 +46,7 @@ def _set(doc: Any, path: tuple[Any, ...], value: Any) -> None:
     doc[path[-1]] = value
 
 
-_STEP = re.compile(r'\.?([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\["([^"]+)"\]')
+_STEP = re.compile(r'\.?([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\["([^"]*)"\]')  # [""]: the empty key
 
 
 def _resolves(doc: Any, where: str) -> bool:

@@ -17,7 +17,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.model import Versions
-from ..errors import loc_to_path
+from ..errors import InputError, loc_to_path
+from ..fileio import parse_json
 from ..snapshot import VersionsIn
 from .protocol import BAD_MANIFEST, UNSAFE_PATH, CheckpointError
 
@@ -116,11 +117,10 @@ def link_stays_inside(path: str, target: str) -> bool:
 
 def parse_manifest(raw: bytes, source: str) -> Manifest:
     """Bytes -> Manifest, or CheckpointError(bad-manifest | unsafe-path) naming the file and the field."""
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        where = f"line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else "encoding"
-        raise CheckpointError(BAD_MANIFEST, f"{where}: not valid JSON", path=source) from None
+    try:  # the guarded parse: duplicate keys, NaN/Infinity, huge numbers and deep nesting are refused
+        doc = parse_json(raw, source)
+    except InputError as e:
+        raise CheckpointError(BAD_MANIFEST, f"{e.where}: {e.message}", path=source) from None
     if not isinstance(doc, dict):
         raise CheckpointError(BAD_MANIFEST, "(document): must be a JSON object", path=source)
     try:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 import numpy as np
 
 MILLI = 1000  # milli-GPU in one whole GPU
+MAX_AMOUNT = 2**40  # per node or request, CPU millicores and memory MiB: sums over a million nodes fit in int64
 
 # A workload label that says "never move this" (set by the Kubernetes converter for pods whose owner gpudefrag
 # cannot replace, or by the pod itself); the snapshot's own `movable: false` says the same.
@@ -423,8 +424,8 @@ class ClusterState:
         names = [n.name for n in self.nodes]
         if len(set(names)) != len(names) or not all(names):
             return False
-        if any(n.gpu_count < 0 or (n.gpu_allocatable or 0) < 0 or n.cpu_milli < 0 or n.memory_mib < 0
-               for n in self.nodes):
+        if any(n.gpu_count < 0 or (n.gpu_allocatable or 0) < 0 or not 0 <= n.cpu_milli <= MAX_AMOUNT
+               or not 0 <= n.memory_mib <= MAX_AMOUNT for n in self.nodes):
             return False
         ids = [w.id for w in self.workloads]
         if len(set(ids)) != len(ids) or not all(ids):
@@ -437,6 +438,8 @@ class ClusterState:
         for w in self.workloads:
             r = w.request
             if r.gpus_per_node < 0 or r.node_count < 1:
+                return False
+            if not 0 <= r.cpu_milli <= MAX_AMOUNT or not 0 <= r.memory_mib <= MAX_AMOUNT:
                 return False
             if r.gpus_per_node > 0 and not 0 < r.gpu_milli <= MILLI:
                 return False
@@ -478,8 +481,9 @@ class ClusterState:
                 raise ModelError(f"{path}.gpu_count", f"must be >= 0, got {nd.gpu_count}")
             if nd.gpu_allocatable is not None and nd.gpu_allocatable < 0:
                 raise ModelError(f"{path}.gpu_allocatable", f"must be >= 0, got {nd.gpu_allocatable}")
-            if nd.cpu_milli < 0 or nd.memory_mib < 0:
-                raise ModelError(path, "cpu_milli and memory_mib must be >= 0")
+            for attr in ("cpu_milli", "memory_mib"):
+                if not 0 <= getattr(nd, attr) <= MAX_AMOUNT:
+                    raise ModelError(f"{path}.{attr}", f"must be in 0..{MAX_AMOUNT}")
         ids: set[str] = set()
         used: dict[tuple[int, int], int] = {}
         for i, w in enumerate(self.workloads):
@@ -494,6 +498,9 @@ class ClusterState:
                 raise ModelError(f"{path}.gpus_per_node", f"must be >= 0, got {r.gpus_per_node}")
             if r.node_count < 1:
                 raise ModelError(f"{path}.node_count", f"must be >= 1, got {r.node_count}")
+            for attr in ("cpu_milli", "memory_mib"):
+                if not 0 <= getattr(r, attr) <= MAX_AMOUNT:
+                    raise ModelError(f"{path}.{attr}", f"must be in 0..{MAX_AMOUNT}")
             if not 0 < r.gpu_milli <= MILLI and r.gpus_per_node > 0:
                 raise ModelError(f"{path}.gpu_milli", f"must be in 1..{MILLI}, got {r.gpu_milli}")
             if r.gpu_milli < MILLI and r.gpus_per_node > 1:

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .. import fileio
 from ..core.cost import GB, CostModel, TransferSample
 from ..errors import InputError, loc_to_path
 
@@ -71,6 +72,4 @@ def cost_model_from_doc(doc: Any, source: str) -> CostModel:
 
 
 def load_cost_model(path: Path) -> CostModel:
-    from ..snapshot import read_document  # the guarded JSON/YAML reader
-
-    return cost_model_from_doc(read_document(path), str(path))
+    return cost_model_from_doc(fileio.read_document(path, "cost"), str(path))

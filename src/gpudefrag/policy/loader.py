@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from .. import fileio
 from ..errors import InputError, loc_to_path
 from .models import Policy
 
@@ -30,18 +29,9 @@ def parse_policy(doc: Any, source: str = "<policy>") -> Policy:
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:
-    """Read and validate a policy file. Raises InputError(file, field, message)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputError(str(p), "", f"cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise InputError(str(p), "", "not UTF-8 text") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise InputError(str(p), where, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
-    return parse_policy(doc, str(p))
+    """Read (guarded: regular file, size, depth, duplicates, numbers) and validate a policy file: JSON when it
+    is named .json, else YAML. Raises InputError(file, field, message)."""
+    src = str(path)
+    raw = fileio.read_input(path, "policy")
+    return parse_policy(fileio.parse_json(raw, src) if src.lower().endswith(".json") else fileio.parse_yaml(raw, src),
+                        src)

@@ -28,15 +28,18 @@ def parse_size(v: object) -> int:
     if isinstance(v, bool):
         raise ValueError("a size is a number of bytes or a string like '64GiB'")
     if isinstance(v, int):
-        if v < 0:
-            raise ValueError("a size must be >= 0")
+        if not 0 <= v < 2**63:
+            raise ValueError("a size must be in 0..2**63-1 bytes")
         return v
     if not isinstance(v, str):
         raise ValueError("a size is a number of bytes or a string like '64GiB'")
     m = _SIZE.match(v)
     if not m or (m.group(2) or "").upper() not in _UNITS:
         raise ValueError(f"not a size: {v!r} (use e.g. 64GiB, 500MB, 1048576)")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    n = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
+    if not n < 2**63:  # also inf, from a 400-digit number
+        raise ValueError(f"size {v[:24]!r} is out of range (at most 2**63-1 bytes)")
+    return int(n)
 
 
 class _Strict(BaseModel):

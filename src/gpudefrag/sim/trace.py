@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -18,6 +19,7 @@ from ..core.fragmentation import WorkloadMix
 from ..core.model import MILLI
 from ..core.placement import Cluster, Pod
 from ..errors import InputError
+from ..fileio import decode_text, read_input
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
@@ -83,14 +85,7 @@ class _Rows:
     def __init__(self, path: Path, required: Sequence[str]) -> None:
         self.path = path
         self.source = str(path)
-        try:
-            self.text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InputError(self.source, "", "file not found") from None
-        except UnicodeDecodeError as e:
-            raise InputError(self.source, f"byte {e.start}", "not UTF-8 text") from None
-        except OSError as e:
-            raise InputError(self.source, "", e.strerror or str(e)) from None
+        self.text = decode_text(read_input(path, "trace"), self.source)  # regular file, size limit, UTF-8
         lines = self.text.splitlines()
         if not lines:
             raise InputError(self.source, "line 1", "empty file: expected a header row")
@@ -126,9 +121,9 @@ class _Rows:
         raw, where = self.get(lineno, fields, cols, name)
         if not _INT.fullmatch(raw):  # int() would also take " 5", "1_000" and non-ASCII digits
             raise InputError(self.source, where, f"expected an integer, got {raw!r}")
-        v = int(raw)
-        if not lo <= v <= hi:
-            raise InputError(self.source, where, f"must be in {lo}..{hi}, got {v}")
+        v = int(raw) if len(raw) <= 20 else None  # int() of 5,000 digits raises (Python's int-str limit)
+        if v is None or not lo <= v <= hi:
+            raise InputError(self.source, where, f"must be in {lo}..{hi}, got {raw[:24]}")
         return v
 
     def time(self, lineno: int, fields: list[str], cols: list[int], name: str) -> float | None:
@@ -140,8 +135,8 @@ class _Rows:
         if not _NUM.fullmatch(raw):
             raise InputError(self.source, where, f"expected a number of seconds, got {raw!r}")
         v = float(raw)
-        if not v >= 0:
-            raise InputError(self.source, where, f"must be >= 0, got {raw}")
+        if not 0 <= v < math.inf:
+            raise InputError(self.source, where, f"must be a finite number >= 0, got {raw[:24]}")
         return v
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import HTTPException, Request, status
 
 from ..errors import InputError
+from ..fileio import read_input
 
 MIN_TOKEN_CHARS = 16
 
@@ -21,10 +22,7 @@ MIN_TOKEN_CHARS = 16
 def read_token_file(path: Path) -> str:
     """The token in `path` (surrounding whitespace stripped). InputError naming the file when unusable."""
     src = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(src, "", f"cannot read token file: {e.strerror or e}") from None
+    raw = read_input(path, "token")  # a regular file of at most 4 KiB: never a FIFO that would hang start-up
     try:
         token = raw.decode("utf-8").strip()
     except UnicodeDecodeError:

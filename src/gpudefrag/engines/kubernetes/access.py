@@ -168,6 +168,8 @@ class At:
             raise self.error(f"expected a quantity (e.g. 8, 500m, 16Gi), got {v!r}", key) from None
         if not q.is_finite() or q < 0:
             raise self.error(f"expected a non-negative quantity, got {v!r}", key)
+        if q >= 2**63:  # the model's fields are int64 at most (and its own bounds are stricter)
+            raise self.error(f"quantity {str(v)[:24]!r} is out of range (at most 2**63-1)", key)
         return q
 
     def count(self, key: str) -> int | None:
