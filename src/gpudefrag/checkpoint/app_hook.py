@@ -16,6 +16,7 @@ private copy of the (already verified) checkpoint that the user may read.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -28,8 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from ..job import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, META
-from .jobfiles import check_owner, copy_tree, opened_dir, process_owner
-from .protocol import CHECKPOINT_FAILED, RESTORE_FAILED, UNSAFE_PATH, CheckpointError, CheckpointResult, RestoreResult
+from .jobfiles import check_owner, copy_tree, opened_dir, process_owner, tree_bytes
+from .protocol import (
+    CHECKPOINT_FAILED,
+    RESTORE_FAILED,
+    STORE_FULL,
+    UNSAFE_PATH,
+    CheckpointError,
+    CheckpointResult,
+    RestoreResult,
+)
 
 VERSION = "gpudefrag-app-hook 1"
 
@@ -78,6 +87,10 @@ def _copy_entry(spool: Path, name: str, dest: Path, uid: int) -> int:
             raise CheckpointError(UNSAFE_PATH, f"{spool}/{name}: {e.strerror}") from None
         try:
             return copy_tree(efd, dest, uid)
+        except OSError as e:  # the job is still running here: a full store only refuses this checkpoint
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CheckpointError(STORE_FULL, f"no room to copy the save: {e.strerror}") from None
+            raise CheckpointError(CHECKPOINT_FAILED, f"cannot copy the save {spool}/{name}: {e}") from None
         finally:
             os.close(efd)
 
@@ -94,6 +107,22 @@ class AppHookBackend:
     def version(self) -> str:
         return VERSION
 
+    def _spool_of(self, pid: int, env: dict[str, str], cwd: str) -> Path:
+        spool = Path(self.spool or env.get(ENV_SPOOL) or Path(cwd) / ".gpudefrag-spool")
+        return spool if spool.is_absolute() else Path(cwd) / spool
+
+    def estimate_bytes(self, pid: int) -> int:
+        """The size of the job's newest save (the next one is about as large); 0 before its first save."""
+        try:
+            spool = self._spool_of(pid, _proc_env(pid), os.readlink(f"/proc/{pid}/cwd"))
+            names = _entries(spool)
+            if not names:
+                return 0
+            with opened_dir(spool / names[-1]) as fd:
+                return tree_bytes(fd)
+        except (OSError, CheckpointError):
+            return 0  # the checkpoint itself will say what is wrong
+
     def checkpoint(self, target: int, dest: Path, *, leave_running: bool = False,
                    precopy: bool = False) -> CheckpointResult:
         pid = int(target)
@@ -106,9 +135,7 @@ class AppHookBackend:
             stdout = os.readlink(f"/proc/{pid}/fd/1")
         except (FileNotFoundError, ProcessLookupError):
             raise CheckpointError(CHECKPOINT_FAILED, f"no process with PID {pid}") from None
-        spool = Path(self.spool or env.get(ENV_SPOOL) or Path(cwd) / ".gpudefrag-spool")
-        if not spool.is_absolute():
-            spool = Path(cwd) / spool
+        spool = self._spool_of(pid, env, cwd)
         try:
             sig = int(env.get(ENV_SIGNAL, self.signum))
         except ValueError:

@@ -23,6 +23,7 @@ from .protocol import OWNER_MISMATCH, UNSAFE_PATH, CheckpointError
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 4 << 20
+MAX_DEPTH = 32  # folders inside a save; deeper is refused rather than recursed into
 
 
 def process_owner(pid: int) -> dict[str, Any]:
@@ -70,9 +71,11 @@ def _owned(st: os.stat_result, uid: int, what: str) -> None:
         raise CheckpointError(UNSAFE_PATH, f"{what}: owned by uid {st.st_uid}, not the job's uid {uid}")
 
 
-def copy_tree(src_fd: int, dest: Path, uid: int, where: str = ".") -> int:
+def copy_tree(src_fd: int, dest: Path, uid: int, where: str = ".", depth: int = 0) -> int:
     """Copy the folder open at `src_fd` into `dest` (which exists): regular files and folders owned by `uid`
     only; a link, FIFO, device, socket or hard-linked file anywhere is refused (`unsafe-path`). Bytes copied."""
+    if depth > MAX_DEPTH:
+        raise CheckpointError(UNSAFE_PATH, f"{where}: folders nested more than {MAX_DEPTH} deep")
     n = 0
     _owned(os.fstat(src_fd), uid, where)
     for name in sorted(os.listdir(src_fd)):
@@ -86,7 +89,7 @@ def copy_tree(src_fd: int, dest: Path, uid: int, where: str = ".") -> int:
                     from None
             try:
                 (dest / name).mkdir(mode=0o700)
-                n += copy_tree(sub, dest / name, uid, rel)
+                n += copy_tree(sub, dest / name, uid, rel, depth + 1)
             finally:
                 os.close(sub)
             continue
@@ -109,6 +112,22 @@ def copy_tree(src_fd: int, dest: Path, uid: int, where: str = ".") -> int:
                 while chunk := src.read(_CHUNK):
                     f.write(chunk)
                     n += len(chunk)
+    return n
+
+
+def tree_bytes(fd: int, depth: int = 0) -> int:
+    """Bytes in the regular files below the folder open at `fd` (links not followed): a size estimate only."""
+    n = 0
+    for name in os.listdir(fd):
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            n += st.st_size
+        elif stat.S_ISDIR(st.st_mode) and depth < MAX_DEPTH:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                n += tree_bytes(sub, depth + 1)
+            finally:
+                os.close(sub)
     return n
 
 

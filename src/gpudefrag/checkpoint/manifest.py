@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import hmac
 import json
+import math
 from pathlib import PurePosixPath
 from typing import Annotated, Any
 
@@ -41,7 +42,7 @@ def check_workload_id(workload_id: str) -> None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class FileEntry(_Strict):
@@ -126,6 +127,23 @@ def link_stays_inside(path: str, target: str) -> bool:
     return True
 
 
+def _nonfinite(x: Any, where: str = "") -> str | None:
+    """The path of the first NaN or Infinity in a parsed document (Python's json accepts them; JSON does not)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return where or "(document)"
+    if isinstance(x, dict):
+        items: Any = x.items()
+    elif isinstance(x, list):
+        items = ((f"[{i}]", v) for i, v in enumerate(x))
+    else:
+        return None
+    for k, v in items:
+        sub = f"{where}{k}" if str(k).startswith("[") else (f"{where}.{k}" if where else str(k))
+        if (found := _nonfinite(v, sub)) is not None:
+            return found
+    return None
+
+
 def parse_manifest(raw: bytes, source: str) -> Manifest:
     """Bytes -> Manifest, or CheckpointError(bad-manifest | unsafe-path) naming the file and the field."""
     try:
@@ -138,6 +156,12 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
                               path=source) from None
     if not isinstance(doc, dict):
         raise CheckpointError(BAD_MANIFEST, "(document): must be a JSON object", path=source)
+    try:
+        where = _nonfinite(doc)
+    except RecursionError:
+        raise CheckpointError(BAD_MANIFEST, "(document): nested too deeply", path=source) from None
+    if where is not None:
+        raise CheckpointError(BAD_MANIFEST, f"{where}: NaN and Infinity are not JSON", path=source)
     try:
         m = Manifest.model_validate_json(raw)  # JSON mode: arrays are tuples, strictness otherwise kept
     except (RecursionError, ValueError) as e:
