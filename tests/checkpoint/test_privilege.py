@@ -205,8 +205,8 @@ def _has_cap(bit: int) -> bool:
 
 
 @pytest.mark.criu
-def test_criu_refuses_a_restore_when_the_owner_of_the_job_folder_changed(criu, store: CheckpointStore,
-                                                                        probes: Probes) -> None:
+def test_criu_refuses_a_restore_when_the_owner_of_the_job_folder_or_files_changed(criu, store: CheckpointStore,
+                                                                                 probes: Probes) -> None:
     job, log = probes.start()
     m, _ = checkpoint_to_store(store, criu, job.pid, "owner")
     job.reap()
@@ -220,6 +220,18 @@ def test_criu_refuses_a_restore_when_the_owner_of_the_job_folder_changed(criu, s
         assert e.value.reason == OWNER_MISMATCH
     finally:
         os.chown(cwd, st.st_uid, st.st_gid)
+    # the job's output file swapped for a link (to a file its owner may not touch): CRIU would open the target
+    assert str(job.stdout) in {f["path"] for f in m.info["files"]}
+    secret = probes.dir / "secret"
+    secret.write_text("not yours\n")
+    os.rename(job.stdout, probes.dir / "out.saved")
+    os.symlink(secret, job.stdout)
+    with pytest.raises(CheckpointError) as e:
+        restore_from_store(store, m.id)
+    assert e.value.reason == OWNER_MISMATCH and "link" in e.value.detail
+    os.unlink(job.stdout)
+    os.rename(probes.dir / "out.saved", job.stdout)
+    assert secret.read_text() == "not yours\n"
     _, rr = restore_from_store(store, m.id)
     probes.track(rr.pid)
     probe_job.wait_step(log, probe_job.last_step(log) + 2, timeout=30)

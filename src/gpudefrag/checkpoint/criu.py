@@ -40,7 +40,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .jobfiles import check_owner, private_dir, process_owner
+from .jobfiles import check_job_files, check_owner, job_files, private_dir, process_owner
 from .launch import process_tree
 from .protocol import CHECKPOINT_FAILED, RESTORE_FAILED, UNAVAILABLE, CheckpointError, CheckpointResult, RestoreResult
 
@@ -169,7 +169,8 @@ class CriuBackend:
         notes: list[str] = []
         opts = ["-t", str(pid), "--display-stats", "-v" + str(self.log_level)]
         try:
-            extra: dict[str, Any] = {"pid": pid, "owner": process_owner(pid), "cwd": os.readlink(f"/proc/{pid}/cwd")}
+            extra: dict[str, Any] = {"pid": pid, "owner": process_owner(pid), "cwd": os.readlink(f"/proc/{pid}/cwd"),
+                                     "files": job_files(process_tree(pid))}
         except (FileNotFoundError, ProcessLookupError):
             raise CheckpointError(CHECKPOINT_FAILED, f"no process with PID {pid}") from None
         if _ns(pid, "net") != _ns("self", "net"):
@@ -261,6 +262,7 @@ class CriuBackend:
         facts = info or {}
         if "owner" in facts:  # checkpoints written before owners were recorded carry their credentials in images
             check_owner(facts["owner"], [facts.get("cwd")])
+            check_job_files(facts.get("files", []))
         if new_pidns and facts.get("pidns_root") is False:
             raise CheckpointError(RESTORE_FAILED, "a fresh PID namespace needs a job dumped as PID 1 of its own "
                                   "namespace (start it with spawn_job(pidns=True))", path=str(ckpt_dir))
@@ -371,18 +373,37 @@ def stream_checkpoint(backend: CriuBackend, pid: int, target_dir: Path, **kw: An
     pending folder), then move the small non-page images next to them. On one machine this is loopback; on
     two, run `PageServer` on the target and pass its address to `CriuBackend.checkpoint(page_server=...)`."""
     target_dir = Path(target_dir)
-    with tempfile.TemporaryDirectory(prefix="ckpt-src-", dir=backend.log_dir) as src, \
-            PageServer(target_dir, criu_bin=backend.criu_bin,
-                       log=Path(backend.log_dir or default_log_dir()) / f"page-server-{time.time_ns()}.log") as ps:
-        res = backend.checkpoint(pid, Path(src), page_server=ps.addr, **kw)
-        rc = ps.wait(timeout=120)
-        if rc != 0:
-            raise CheckpointError(CHECKPOINT_FAILED, f"page-server exited {rc}: {_error_lines(ps.log)}")
-        for f in Path(src).iterdir():
-            if f.is_file() and not (target_dir / f.name).exists():
-                shutil.move(str(f), target_dir / f.name)
+    src = Path(tempfile.mkdtemp(prefix="ckpt-src-", dir=backend.log_dir))
+    res = None
+    try:
+        with PageServer(target_dir, criu_bin=backend.criu_bin,
+                        log=Path(backend.log_dir or default_log_dir()) / f"page-server-{time.time_ns()}.log") as ps:
+            res = backend.checkpoint(pid, src, page_server=ps.addr, **kw)
+            rc = ps.wait(timeout=120)
+            if rc != 0:
+                raise CheckpointError(CHECKPOINT_FAILED, f"page-server exited {rc}: {_error_lines(ps.log)}")
+        _merge(src, target_dir)
+    except Exception as e:
+        if res is None or res.leave_running:
+            shutil.rmtree(src, ignore_errors=True)
+            raise
+        # the dump stopped the job: its images are its only state; never delete them (the caller restores it)
+        with contextlib.suppress(OSError):
+            _merge(src, target_dir)
+        err = e if isinstance(e, CheckpointError) else CheckpointError(CHECKPOINT_FAILED, f"after the dump: {e}")
+        if any(src.iterdir()):
+            err.detail += f" (part of the images stayed in {src})"
+        err.stopped = res
+        raise err from None
+    shutil.rmtree(src, ignore_errors=True)
     return CheckpointResult(**{**res.as_dict(), "directory": str(target_dir),
                                "bytes_written": du_bytes(target_dir), "notes": res.notes})
+
+
+def _merge(src: Path, target_dir: Path) -> None:
+    for f in sorted(src.iterdir()):
+        if f.is_file() and not (target_dir / f.name).exists():
+            shutil.move(str(f), target_dir / f.name)
 
 
 def _start_daemon(argv: list[str], what: str, timeout: float = 60) -> subprocess.Popen[bytes]:

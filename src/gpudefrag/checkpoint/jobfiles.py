@@ -10,6 +10,7 @@ uid, gid and groups it had, never more.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -147,6 +148,51 @@ def check_owner(owner: dict[str, Any] | None, paths: Iterable[str | None]) -> No
         if stat.S_ISLNK(st.st_mode) or st.st_uid not in (uid, 0):
             who = "a link" if stat.S_ISLNK(st.st_mode) else f"uid {st.st_uid}"
             raise CheckpointError(OWNER_MISMATCH, f"{p} now belongs to {who}; the checkpoint's job ran as uid {uid}")
+
+
+MAX_FILES = 10_000
+
+
+def job_files(pids: Iterable[int]) -> list[dict[str, Any]]:
+    """The regular files a process tree has open or mapped, with their owners: CRIU re-opens each by path, as
+    root, on restore — so a restore must first see that each path still leads to a file of the same owner."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def add(path: str, st: os.stat_result) -> None:
+        if path.startswith("/") and not path.endswith(" (deleted)") and stat.S_ISREG(st.st_mode) \
+                and path not in seen and len(seen) < MAX_FILES:
+            seen[path] = {"path": path, "uid": st.st_uid}
+
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    add(os.readlink(f"{fd_dir}/{fd}"), os.stat(f"{fd_dir}/{fd}"))  # the open file itself
+        with contextlib.suppress(OSError):
+            for ln in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = ln.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    with contextlib.suppress(OSError):
+                        add(parts[5], os.stat(f"/proc/{pid}/map_files/{parts[0]}"))
+    return sorted(seen.values(), key=lambda f: f["path"])
+
+
+def check_job_files(files: Iterable[dict[str, Any]]) -> None:
+    """Refuse (`owner-mismatch`) a restore when a file the job had open is now a link, or now belongs to someone
+    else (a user who swapped their log for a link to /etc/shadow would otherwise get it opened by root)."""
+    for f in files:
+        try:
+            st = os.lstat(f["path"])
+        except FileNotFoundError:
+            continue  # CRIU itself refuses a missing file
+        except OSError as e:
+            raise CheckpointError(OWNER_MISMATCH, f"{f['path']}: {e.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise CheckpointError(OWNER_MISMATCH, f"{f['path']}: the job had a file open here; it is now a link")
+        if st.st_uid != f["uid"]:
+            raise CheckpointError(OWNER_MISMATCH, f"{f['path']}: owned by uid {st.st_uid} now, by uid {f['uid']} "
+                                  "when the job was checkpointed")
 
 
 def private_dir(path: Path) -> Path:

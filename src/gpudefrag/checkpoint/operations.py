@@ -63,16 +63,21 @@ def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid:
     `kept_images` (the folder that now holds its only copy) says where the job went."""
     with store.create(workload_id) as pending:
         _check_room(store, backend, pid)
-        if page_server:
-            from .criu import CriuBackend, stream_checkpoint
+        try:
+            if page_server:
+                from .criu import CriuBackend, stream_checkpoint
 
-            if not isinstance(backend, CriuBackend):
-                raise CheckpointError(UNAVAILABLE, f"page-server streaming needs CRIU, not {backend.name}")
-            res = stream_checkpoint(backend, pid, pending.dir, leave_running=leave_running, precopy=precopy,
-                                    **backend_kw)
-        else:
-            res = backend.checkpoint(pid, pending.dir, leave_running=leave_running, precopy=precopy,
-                                     **backend_kw)
+                if not isinstance(backend, CriuBackend):
+                    raise CheckpointError(UNAVAILABLE, f"page-server streaming needs CRIU, not {backend.name}")
+                res = stream_checkpoint(backend, pid, pending.dir, leave_running=leave_running, precopy=precopy,
+                                        **backend_kw)
+            else:
+                res = backend.checkpoint(pid, pending.dir, leave_running=leave_running, precopy=precopy,
+                                         **backend_kw)
+        except CheckpointError as e:
+            if e.stopped is None:
+                raise  # nothing was stopped (CRIU resumes the job when its dump fails)
+            raise _save_the_stopped_job(backend, pending, e.stopped, e) from None
         try:
             gpu = getattr(backend, "gpu_versions", None)
             compat = host_versions(res.checkpointer or backend.version(), gpu=gpu() if callable(gpu) else None)

@@ -53,6 +53,8 @@ class CheckpointError(GpudefragError):
         # a checkpoint that stopped the job and could not commit: where the job went (see operations.py)
         self.restored_pid: int | None = None
         self.kept_images: str | None = None
+        # set by a backend that failed after it stopped the job: what it wrote (the images are its only state)
+        self.stopped: CheckpointResult | None = None
         where = f"{path}: " if path else ""
         super().__init__(f"{where}{reason}: {detail}")
 
