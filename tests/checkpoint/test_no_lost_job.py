@@ -210,3 +210,54 @@ def test_keys_init_creates_and_bad_key_paths_are_one_line(tmp_path: Path, run_cl
             r = run_cli(*cmd, "--key", str(bad))
             out = (r.stderr + r.stdout).strip()
             assert r.returncode == 2 and len(out.splitlines()) == 1 and str(bad) in out, (cmd, bad, out)
+
+
+class FailsAfterTheDump(CriuBackend):
+    """Real CRIU; the backend fails after its dump stopped the job (as a page server dying after the dump does),
+    and optionally the first restore fails too."""
+
+    fail_restores: int = 0
+
+    def checkpoint(self, target, dest, **kw):  # type: ignore[no-untyped-def,override]
+        res = super().checkpoint(target, dest, **kw)
+        err = CheckpointError("checkpoint-failed", "page-server exited 1")
+        err.stopped = res
+        raise err
+
+    def restore(self, ckpt_dir, **kw):  # type: ignore[no-untyped-def,override]
+        if self.fail_restores:
+            self.fail_restores -= 1
+            raise CheckpointError("restore-failed", "criu restore failed (rc 1)")
+        return super().restore(ckpt_dir, **kw)
+
+
+@pytest.mark.criu
+@pytest.mark.parametrize("restore_fails", [False, True])
+def test_a_failure_after_a_stopping_dump_never_loses_the_job(criu, store: CheckpointStore, probes: Probes,
+                                                             tmp_path: Path, restore_fails: bool) -> None:
+    job, log = probes.start(pidns=True)
+    sha = probe_job.request_checksum(log, job.pid)
+    be = FailsAfterTheDump(criu_bin=criu.criu_bin, log_dir=tmp_path / "criu-logs")
+    be.fail_restores = 1 if restore_fails else 0
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_to_store(store, be, job.pid, "wl")
+    job.reap(timeout=5)
+    assert store.ids() == []
+    if restore_fails:  # the images are the job's only state: kept, and the error says where
+        kept = e.value.kept_images
+        assert kept is not None and kept in e.value.detail and Path(kept).name.startswith(".kept-")
+        assert any(Path(kept).glob("pages-*.img"))
+        store.gc(0)  # retention never touches them
+        assert Path(kept).is_dir()
+        assert e.value.stopped is not None
+        pid = criu.restore(Path(kept), info=e.value.stopped.extra).pid
+    else:
+        pid = e.value.restored_pid
+        assert pid is not None and "restored in place" in e.value.detail
+        assert not [p for p in store.root.iterdir() if p.name.startswith((".tmp-", ".kept-"))]
+    probes.track(pid)
+    at = probe_job.last_step(log)
+    probe_job.wait_step(log, at + 3, timeout=30)
+    assert probe_job.request_checksum(log, pid) == sha
+    probes.stop(pid, log)
+    assert probe_job.check_log(log).ok

@@ -125,6 +125,7 @@ def _save_the_stopped_job(backend: CheckpointBackend, pending: PendingCheckpoint
                               f"its images are kept at {kept} (restore them with the backend directly)",
                               path=str(kept))
         err.kept_images = str(kept)
+        err.stopped = res  # its `extra` is what a restore from the kept images needs
         return err
     err = CheckpointError(reason, f"{why}; no checkpoint was stored and the job was restored in place as PID "
                           f"{rr.pid}", path=str(pending.store.root))
