@@ -78,6 +78,9 @@ def test_tampered_checkpoints_are_refused_and_the_job_not_started(criu, store: C
     # the genuine files, verified with another key
     pages.write_bytes(original)
     (d / MANIFEST_NAME).write_bytes(manifest)
+    refused("missing-key", *_args(store, tmp_path / "other.key"))  # a missing key is not silently made
+    assert not (tmp_path / "other.key").exists()
+    assert run_cli("keys", "init", "--key", str(tmp_path / "other.key")).returncode == 0
     refused("wrong-key", *_args(store, tmp_path / "other.key"))
     # untouched: verifies and restores, and the job continues
     v = run_cli("checkpoints", "verify", cid, *_args(store))

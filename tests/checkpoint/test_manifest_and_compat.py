@@ -44,6 +44,23 @@ def test_arbitrary_bytes_are_a_bad_manifest_or_parse(raw: bytes) -> None:
         assert e.path == "m.json"
 
 
+@pytest.mark.parametrize("raw", [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+    b'{"created_unix": 1' + b"0" * 5000 + b"}",
+    b'{"created_unix": NaN}',
+    b'{"created_unix": Infinity}',
+])
+def test_hostile_nesting_numbers_and_nan_are_a_bad_manifest(raw: bytes) -> None:
+    with pytest.raises(CheckpointError) as e:
+        parse_manifest(raw, "m.json")
+    assert e.value.reason == rc.BAD_MANIFEST and e.value.path == "m.json"
+    doc = valid_doc()
+    doc["created_unix"] = float("nan")
+    with pytest.raises(CheckpointError, match="NaN"):
+        parse_manifest(json.dumps(doc).encode(), "m.json")
+
+
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
                            max_leaves=8)

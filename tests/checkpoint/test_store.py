@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpudefrag.checkpoint import protocol as rc
-from gpudefrag.checkpoint.keys import load_key
+from gpudefrag.checkpoint.keys import init_key, load_key
 from gpudefrag.checkpoint.manifest import MANIFEST_NAME
 from gpudefrag.checkpoint.protocol import CheckpointError
 from gpudefrag.checkpoint.store import TMP_PREFIX, CheckpointStore
@@ -115,6 +115,7 @@ def test_any_manifest_edit_breaks_the_signature(store: CheckpointStore, edit) ->
 def test_wrong_key_is_refused(store: CheckpointStore, tmp_path: Path) -> None:
     cid = make(store)
     other = CheckpointStore(store.root, tmp_path / "other.key")
+    init_key(other.key_path)
     v = other.verify(cid)
     assert (v.ok, v.reason) == (False, rc.WRONG_KEY)
     # the key id is only a hint: claiming the other key's id still fails on the signature
@@ -221,15 +222,15 @@ def test_retain_applies_to_one_workload(store: CheckpointStore) -> None:
 
 def test_key_is_created_0600_and_reused(tmp_path: Path) -> None:
     p = tmp_path / "k" / "key"
-    k1 = load_key(p)
+    k1 = load_key(p, create=True)
     assert stat.S_IMODE(p.stat().st_mode) == 0o600 and len(k1) == 32
-    assert load_key(p) == k1
+    assert load_key(p) == k1 and init_key(p) == (k1, False)
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
 def test_a_key_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
     p = tmp_path / "key"
-    load_key(p)
+    init_key(p)
     os.chmod(p, mode)
     with pytest.raises(CheckpointError) as e:
         load_key(p)

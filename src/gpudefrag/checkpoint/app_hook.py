@@ -1,25 +1,44 @@
 """Application-hook backend: the job saves its own state (`gpudefrag.job.Job`) when signalled.
 
 checkpoint(pid): signal the job, wait for the save it completes at its next safe point, copy that save into
-the checkpoint folder, and (unless leave_running) kill the job. The job's command line, working directory,
-spool and stdout go into the manifest so that `restore` can start it again — in a new process, with
-`GPUDEFRAG_RESTORE_FROM` pointing at the (already verified) checkpoint folder.
+the checkpoint folder, and only then (unless leave_running) kill the job. Everything about the job — command
+line, environment, working directory, spool, stdout, and its uid/gid/groups — is read from /proc at checkpoint
+time and goes into the signed manifest; `restore` never re-reads it from the job's folder.
+
+We run as root and the spool belongs to the job's user, so the save is copied without trusting it
+(`jobfiles.copy_tree`: no link in the spool's path, only regular files owned by the job's user, nothing
+hard-linked; anything else refuses the checkpoint before the job is stopped). `restore` starts the recorded
+command as the recorded user — never with more privilege than the job had — in the recorded folder, refused
+(`owner-mismatch`) when that folder now belongs to someone else, with `GPUDEFRAG_RESTORE_FROM` pointing at a
+private copy of the (already verified) checkpoint that the user may read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
+import stat
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..job import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, spool_entries
-from .launch import spawn_job
-from .protocol import CHECKPOINT_FAILED, RESTORE_FAILED, CheckpointError, CheckpointResult, RestoreResult
+from ..job import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, META
+from .jobfiles import check_owner, copy_tree, opened_dir, process_owner, tree_bytes
+from .protocol import (
+    CHECKPOINT_FAILED,
+    RESTORE_FAILED,
+    STORE_FULL,
+    UNSAFE_PATH,
+    CheckpointError,
+    CheckpointResult,
+    RestoreResult,
+)
 
 VERSION = "gpudefrag-app-hook 1"
 
@@ -37,6 +56,45 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _entries(spool: Path) -> list[str]:
+    """Complete saves in the spool (numbered folders holding meta.json), oldest first — read through a
+    descriptor reached without links, never following one inside."""
+    try:
+        with opened_dir(spool) as fd:
+            out = []
+            for name in os.listdir(fd):
+                if not name.isdigit():
+                    continue
+                try:
+                    if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode) and stat.S_ISREG(
+                            os.stat(f"{name}/{META}", dir_fd=fd, follow_symlinks=False).st_mode):
+                        out.append(name)
+                except OSError:
+                    continue
+            return sorted(out)
+    except FileNotFoundError:
+        return []
+
+
+def _copy_entry(spool: Path, name: str, dest: Path, uid: int) -> int:
+    with opened_dir(spool) as fd:
+        if uid != 0 and os.fstat(fd).st_uid != uid:
+            raise CheckpointError(UNSAFE_PATH, f"spool {spool} is owned by uid {os.fstat(fd).st_uid}, not the "
+                                  f"job's uid {uid}")
+        try:
+            efd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as e:
+            raise CheckpointError(UNSAFE_PATH, f"{spool}/{name}: {e.strerror}") from None
+        try:
+            return copy_tree(efd, dest, uid)
+        except OSError as e:  # the job is still running here: a full store only refuses this checkpoint
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CheckpointError(STORE_FULL, f"no room to copy the save: {e.strerror}") from None
+            raise CheckpointError(CHECKPOINT_FAILED, f"cannot copy the save {spool}/{name}: {e}") from None
+        finally:
+            os.close(efd)
+
+
 @dataclass
 class AppHookBackend:
     spool: Path | None = None  # default: the job's own GPUDEFRAG_JOB_SPOOL
@@ -49,28 +107,47 @@ class AppHookBackend:
     def version(self) -> str:
         return VERSION
 
+    def _spool_of(self, pid: int, env: dict[str, str], cwd: str) -> Path:
+        spool = Path(self.spool or env.get(ENV_SPOOL) or Path(cwd) / ".gpudefrag-spool")
+        return spool if spool.is_absolute() else Path(cwd) / spool
+
+    def estimate_bytes(self, pid: int) -> int:
+        """The size of the job's newest save (the next one is about as large); 0 before its first save."""
+        try:
+            spool = self._spool_of(pid, _proc_env(pid), os.readlink(f"/proc/{pid}/cwd"))
+            names = _entries(spool)
+            if not names:
+                return 0
+            with opened_dir(spool / names[-1]) as fd:
+                return tree_bytes(fd)
+        except (OSError, CheckpointError):
+            return 0  # the checkpoint itself will say what is wrong
+
     def checkpoint(self, target: int, dest: Path, *, leave_running: bool = False,
                    precopy: bool = False) -> CheckpointResult:
         pid = int(target)
         try:
+            owner = process_owner(pid)
             env = _proc_env(pid)
-            argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+            argv = [a.decode(errors="surrogateescape") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if a]
             cwd = os.readlink(f"/proc/{pid}/cwd")
             stdout = os.readlink(f"/proc/{pid}/fd/1")
         except (FileNotFoundError, ProcessLookupError):
             raise CheckpointError(CHECKPOINT_FAILED, f"no process with PID {pid}") from None
-        spool = Path(self.spool or env.get(ENV_SPOOL) or Path(cwd) / ".gpudefrag-spool")
-        if not spool.is_absolute():
-            spool = Path(cwd) / spool
-        sig = int(env.get(ENV_SIGNAL, self.signum))
-        before = spool_entries(spool)
-        last = before[-1].name if before else ""
+        spool = self._spool_of(pid, env, cwd)
+        try:
+            sig = int(env.get(ENV_SIGNAL, self.signum))
+        except ValueError:
+            sig = int(self.signum)
+        before = _entries(spool)
+        last = before[-1] if before else ""
         t0 = time.perf_counter()
         os.kill(pid, sig)
         deadline = time.monotonic() + self.timeout_s
         entry = None
         while time.monotonic() < deadline:
-            new = [e for e in spool_entries(spool) if e.name > last]
+            new = [e for e in _entries(spool) if e > last]
             if new:
                 entry = new[-1]
                 break
@@ -81,23 +158,16 @@ class AppHookBackend:
         if entry is None:
             raise CheckpointError(CHECKPOINT_FAILED, f"PID {pid} saved nothing within {self.timeout_s} s")
         saved_s = time.perf_counter() - t0
+        n = _copy_entry(spool, entry, Path(dest), owner["uid"])  # refused here: the job was not stopped
         if not leave_running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
-        n = 0
-        for f in entry.rglob("*"):
-            rel = f.relative_to(entry)
-            if f.is_dir():
-                (dest / rel).mkdir(exist_ok=True)
-            elif f.is_file():
-                shutil.copy2(f, dest / rel)
-                n += f.stat().st_size
         notes = ("pre-copy does not apply to application checkpoints",) if precopy else ()
-        extra: dict[str, Any] = {"pid": pid, "argv": argv, "cwd": cwd, "spool": str(spool),
-                                 "stdout": stdout if stdout.startswith("/") else None, "signal": sig,
-                                 "spool_entry": entry.name}
+        extra: dict[str, Any] = {"pid": pid, "argv": argv, "cwd": cwd, "spool": str(spool), "env": env,
+                                 "owner": owner, "stdout": stdout if stdout.startswith("/") else None,
+                                 "signal": sig, "spool_entry": entry}
         return CheckpointResult(backend=self.name, directory=str(dest), mode="app-hook", leave_running=leave_running,
                                 duration_s=time.perf_counter() - t0, frozen_s=saved_s, bytes_written=n, pid=pid,
                                 checkpointer=VERSION, notes=notes, extra=extra)
@@ -105,18 +175,59 @@ class AppHookBackend:
     def restore(self, ckpt_dir: Path, *, info: dict[str, Any] | None = None, argv: list[str] | None = None,
                 cwd: Path | None = None, stdout: Path | None = None, env: dict[str, str] | None = None,
                 wait: bool = False, **_: Any) -> RestoreResult:
-        """Start the job's command again, told to resume from `ckpt_dir` (verified by the caller)."""
+        """Start the recorded command again as the recorded user, told to resume from a private copy of
+        `ckpt_dir` (verified by the caller)."""
         facts = info or {}
         argv = argv or facts.get("argv")
         if not argv:
             raise CheckpointError(RESTORE_FAILED, "no command line to restart (pass argv=...)", path=str(ckpt_dir))
-        out = Path(stdout or facts.get("stdout") or Path(ckpt_dir).parent / "restored-job.out")
-        full_env = {**os.environ, **(env or {}), ENV_RESTORE_FROM: str(ckpt_dir)}
+        owner = facts.get("owner")
+        workdir = str(cwd or facts.get("cwd") or "/")
+        check_owner(owner, [workdir, facts.get("spool")])
+        assert owner is not None
+        uid, gid, groups = int(owner["uid"]), int(owner["gid"]), [int(g) for g in owner.get("groups", [])]
+        out = str(stdout or facts.get("stdout") or os.devnull)
+        full_env = {**facts.get("env", {}), **(env or {})}
         if facts.get("spool"):
             full_env.setdefault(ENV_SPOOL, facts["spool"])
+        copy = _private_copy(Path(ckpt_dir), uid, gid)
+        full_env[ENV_RESTORE_FROM] = str(copy)
+
+        def as_the_user() -> None:  # runs in the child after setgroups/setgid/setuid: with the user's rights only
+            os.chdir(workdir)
+            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+
         t0 = time.perf_counter()
-        job = spawn_job(argv, stdout=out, cwd=Path(cwd or facts.get("cwd") or "."), env=full_env)
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=full_env, user=uid, group=gid,
+                                 extra_groups=groups, start_new_session=True, close_fds=True,
+                                 preexec_fn=as_the_user)  # chdir and open must happen as the user
+        except (OSError, subprocess.SubprocessError) as e:
+            shutil.rmtree(copy, ignore_errors=True)
+            raise CheckpointError(RESTORE_FAILED, f"cannot start {argv[0]!r} as uid {uid} in {workdir} with "
+                                  f"stdout {out}: {e}", path=str(ckpt_dir)) from None
         started = time.perf_counter() - t0
-        code = job.popen.wait() if wait else None
-        return RestoreResult(backend=self.name, directory=str(ckpt_dir), pid=job.pid, duration_s=started,
-                             mode="app-hook", exit_code=code)
+        code = None
+        if wait:
+            code = p.wait()
+            shutil.rmtree(copy, ignore_errors=True)
+        return RestoreResult(backend=self.name, directory=str(ckpt_dir), pid=p.pid, duration_s=started,
+                             mode="app-hook", exit_code=code,
+                             notes=() if wait else (f"the job reads its checkpoint from {copy}",))
+
+
+def _private_copy(src: Path, uid: int, gid: int) -> Path:
+    """The verified checkpoint, copied into a fresh folder the job's user owns (the store stays root-only)."""
+    d = Path(tempfile.mkdtemp(prefix="gpudefrag-restore-"))
+    try:
+        with opened_dir(src.resolve()) as fd:
+            copy_tree(fd, d, 0)
+        for p in [d, *d.rglob("*")]:
+            os.chown(p, uid, gid, follow_symlinks=False)
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    return d

@@ -17,6 +17,11 @@ What this kernel (6.18, no CONFIG_MEM_SOFT_DIRTY) allows, measured in the lab: d
 page-server streaming, lazy restore from local images, moving between network and PID namespaces. Pre-dump
 aborts, so `precopy=True` checks `criu check --feature mem_dirty_track` first and falls back to a plain dump,
 saying so in `CheckpointResult.mode/notes`. Network post-copy (`dump --lazy-pages`) hangs here and is not used.
+
+Root writes CRIU's logs, so the log folder must be private (`jobfiles.private_dir`: a folder a user planted in a
+shared /tmp, or a link there, is refused). The dump records the job's uid/gid/groups and working folder; a
+restore is refused (`owner-mismatch`) when that folder now belongs to someone else. CRIU itself gives the
+restored tasks back exactly the credentials they were dumped with.
 """
 
 from __future__ import annotations
@@ -35,12 +40,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from .jobfiles import check_job_files, check_owner, job_files, private_dir, process_owner
+from .launch import process_tree
 from .protocol import CHECKPOINT_FAILED, RESTORE_FAILED, UNAVAILABLE, CheckpointError, CheckpointResult, RestoreResult
 
 NET_KEY = "gpudefrag-net"  # the name the job's network namespace gets in the images (--external net[...])
 MIN_VERSION = (4, 1)
 PR_SET_CHILD_SUBREAPER = 36
 _STAT_RE = re.compile(r"^([A-Za-z ]+?): (\d+)", re.M)
+_KB_RE = re.compile(r"^(RssAnon|RssShmem):\s+(\d+) kB", re.M)
 
 
 def find_criu() -> str:
@@ -70,6 +78,10 @@ def _ns(pid: int | str, kind: str) -> str:
     return os.readlink(f"/proc/{pid}/ns/{kind}")
 
 
+def default_log_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "gpudefrag-criu-logs"
+
+
 def du_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -91,9 +103,7 @@ class CriuBackend:
     name: str = "criu"
 
     def __post_init__(self) -> None:
-        if self.log_dir is None:
-            self.log_dir = Path(tempfile.gettempdir()) / "gpudefrag-criu-logs"
-        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.log_dir = private_dir(self.log_dir or default_log_dir())
 
     # -- facts ----------------------------------------------------------------------------------------
     def _run(self, args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -130,6 +140,18 @@ class CriuBackend:
         r = self._run(["check", "--feature", "mem_dirty_track"], timeout=60)
         return r.returncode == 0
 
+    def estimate_bytes(self, pid: int) -> int:
+        """About what a dump of the tree will write: its anonymous and shared memory, plus 1 MiB a process."""
+        total = 0
+        for p in process_tree(pid):
+            try:
+                text = Path(f"/proc/{p}/status").read_text()
+            except OSError:
+                continue
+            kb = dict(_KB_RE.findall(text))
+            total += (int(kb.get("RssAnon", 0)) + int(kb.get("RssShmem", 0))) * 1024 + (1 << 20)
+        return total
+
     # -- checkpoint -----------------------------------------------------------------------------------
     def checkpoint(self, target: int, dest: Path, *, leave_running: bool = False, precopy: bool = False,
                    page_server: PageServerAddr | None = None, tcp_established: bool = False,
@@ -146,7 +168,11 @@ class CriuBackend:
         t0 = time.perf_counter()
         notes: list[str] = []
         opts = ["-t", str(pid), "--display-stats", "-v" + str(self.log_level)]
-        extra: dict[str, Any] = {"pid": pid}
+        try:
+            extra: dict[str, Any] = {"pid": pid, "owner": process_owner(pid), "cwd": os.readlink(f"/proc/{pid}/cwd"),
+                                     "files": job_files(process_tree(pid))}
+        except (FileNotFoundError, ProcessLookupError):
+            raise CheckpointError(CHECKPOINT_FAILED, f"no process with PID {pid}") from None
         if _ns(pid, "net") != _ns("self", "net"):
             ino = os.stat(f"/proc/{pid}/ns/net").st_ino
             opts += ["--external", f"net[{ino}]:{NET_KEY}"]
@@ -234,6 +260,9 @@ class CriuBackend:
         """
         ckpt_dir = Path(ckpt_dir)
         facts = info or {}
+        if "owner" in facts:  # checkpoints written before owners were recorded carry their credentials in images
+            check_owner(facts["owner"], [facts.get("cwd")])
+            check_job_files(facts.get("files", []))
         if new_pidns and facts.get("pidns_root") is False:
             raise CheckpointError(RESTORE_FAILED, "a fresh PID namespace needs a job dumped as PID 1 of its own "
                                   "namespace (start it with spawn_job(pidns=True))", path=str(ckpt_dir))
@@ -316,7 +345,7 @@ class PageServer:
         self.directory = Path(directory)
         self.addr = PageServerAddr(host, port or _free_port(host))
         self.criu_bin = criu_bin or find_criu()
-        self.log = log or Path(tempfile.gettempdir()) / f"page-server-{self.addr.port}.log"
+        self.log = log or private_dir(default_log_dir()) / f"page-server-{self.addr.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> PageServer:
@@ -344,17 +373,37 @@ def stream_checkpoint(backend: CriuBackend, pid: int, target_dir: Path, **kw: An
     pending folder), then move the small non-page images next to them. On one machine this is loopback; on
     two, run `PageServer` on the target and pass its address to `CriuBackend.checkpoint(page_server=...)`."""
     target_dir = Path(target_dir)
-    with tempfile.TemporaryDirectory(prefix="ckpt-src-", dir=backend.log_dir) as src, \
-            PageServer(target_dir, criu_bin=backend.criu_bin) as ps:
-        res = backend.checkpoint(pid, Path(src), page_server=ps.addr, **kw)
-        rc = ps.wait(timeout=120)
-        if rc != 0:
-            raise CheckpointError(CHECKPOINT_FAILED, f"page-server exited {rc}: {_error_lines(ps.log)}")
-        for f in Path(src).iterdir():
-            if f.is_file() and not (target_dir / f.name).exists():
-                shutil.move(str(f), target_dir / f.name)
+    src = Path(tempfile.mkdtemp(prefix="ckpt-src-", dir=backend.log_dir))
+    res = None
+    try:
+        with PageServer(target_dir, criu_bin=backend.criu_bin,
+                        log=Path(backend.log_dir or default_log_dir()) / f"page-server-{time.time_ns()}.log") as ps:
+            res = backend.checkpoint(pid, src, page_server=ps.addr, **kw)
+            rc = ps.wait(timeout=120)
+            if rc != 0:
+                raise CheckpointError(CHECKPOINT_FAILED, f"page-server exited {rc}: {_error_lines(ps.log)}")
+        _merge(src, target_dir)
+    except Exception as e:
+        if res is None or res.leave_running:
+            shutil.rmtree(src, ignore_errors=True)
+            raise
+        # the dump stopped the job: its images are its only state; never delete them (the caller restores it)
+        with contextlib.suppress(OSError):
+            _merge(src, target_dir)
+        err = e if isinstance(e, CheckpointError) else CheckpointError(CHECKPOINT_FAILED, f"after the dump: {e}")
+        if any(src.iterdir()):
+            err.detail += f" (part of the images stayed in {src})"
+        err.stopped = res
+        raise err from None
+    shutil.rmtree(src, ignore_errors=True)
     return CheckpointResult(**{**res.as_dict(), "directory": str(target_dir),
                                "bytes_written": du_bytes(target_dir), "notes": res.notes})
+
+
+def _merge(src: Path, target_dir: Path) -> None:
+    for f in sorted(src.iterdir()):
+        if f.is_file() and not (target_dir / f.name).exists():
+            shutil.move(str(f), target_dir / f.name)
 
 
 def _start_daemon(argv: list[str], what: str, timeout: float = 60) -> subprocess.Popen[bytes]:

@@ -1,8 +1,9 @@
-"""The store's signing key: a file only root can read, created (0600) on first use.
+"""The store's signing key: a file only root can read, created (0600) only by `checkpoint` or `keys init`.
 
 Restoring a CRIU image runs whatever code and memory the image holds, as root. The HMAC key is what separates
 "images this controller wrote" from "images someone put there", so a key that others can read is refused
-rather than used.
+rather than used. A missing key is an error everywhere else: a reader that quietly created a new key would then
+report every checkpoint as `wrong-key` and hide the real problem (a wrong path, an unmounted /etc).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from .protocol import INSECURE_KEY, CheckpointError
+from .protocol import INSECURE_KEY, MISSING_KEY, CheckpointError
 
 DEFAULT_KEY_PATH = Path("/etc/gpudefrag/checkpoint.key")
 KEY_BYTES = 32
@@ -26,27 +27,33 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(b"gpudefrag-key-id\0" + key).hexdigest()[:16]
 
 
-def load_key(path: Path | str = DEFAULT_KEY_PATH, *, create: bool = True) -> bytes:
-    """Read the key (hex text), creating it with mode 0600 when missing and `create` is set.
+def load_key(path: Path | str = DEFAULT_KEY_PATH, *, create: bool = False) -> bytes:
+    """Read the key (hex text). Missing: CheckpointError(`missing-key`), or created 0600 when `create` is set
+    (only the writers: `checkpoint` and `keys init`).
 
     Refused (reason `insecure-key`) when the file is not a regular file, is readable or writable by group or
     others, or is owned by someone other than root (or the current user, for unprivileged test runs).
     """
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO must not hang us
+        # O_NONBLOCK: a FIFO planted as the key must not hang us before fstat refuses it
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         if not create:
-            raise CheckpointError(INSECURE_KEY, "key file does not exist", path=str(p)) from None
+            raise CheckpointError(MISSING_KEY, "key file does not exist (create it with `gpudefrag keys init "
+                                  f"--key {p}`; a checkpoint creates it too)", path=str(p)) from None
         return _create(p)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise CheckpointError(INSECURE_KEY, "key file is a symbolic link", path=str(p)) from None
         raise CheckpointError(INSECURE_KEY, f"cannot open key file: {e.strerror}", path=str(p)) from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        _check_mode(p, st)
-        raw = f.read(4096)
+    try:
+        _check_mode(p, os.fstat(fd))  # before fdopen, which refuses a folder with its own, nameless error
+        raw = os.read(fd, 4096)
+    except OSError as e:
+        raise CheckpointError(INSECURE_KEY, f"cannot read key file: {e.strerror}", path=str(p)) from None
+    finally:
+        os.close(fd)
     return _parse(p, raw)
 
 
@@ -72,13 +79,27 @@ def _parse(p: Path, raw: bytes) -> bytes:
     return key
 
 
+def init_key(path: Path | str = DEFAULT_KEY_PATH) -> tuple[bytes, bool]:
+    """`keys init`: (the key, whether it was created now). An existing key is checked and kept, never replaced:
+    the checkpoints signed with it need it."""
+    p = Path(path)
+    try:
+        return load_key(p), False
+    except CheckpointError as e:
+        if e.reason != MISSING_KEY:
+            raise
+    return _create(p), True
+
+
 def _create(p: Path) -> bytes:
-    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = secrets.token_bytes(KEY_BYTES)
     try:
+        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:  # another process created it first: use theirs
-        return load_key(p, create=False)
+        return load_key(p)
+    except OSError as e:
+        raise CheckpointError(INSECURE_KEY, f"cannot create key file: {e.strerror}", path=str(p)) from None
     with os.fdopen(fd, "wb") as f:
         os.fchmod(f.fileno(), 0o600)  # umask could have removed bits, never added: make it exact
         f.write(key.hex().encode() + b"\n")

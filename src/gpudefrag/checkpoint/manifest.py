@@ -14,23 +14,35 @@ import json
 from pathlib import PurePosixPath
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..core.model import Versions
 from ..errors import InputError, loc_to_path
 from ..fileio import parse_json
 from ..snapshot import VersionsIn
-from .protocol import BAD_MANIFEST, UNSAFE_PATH, CheckpointError
+from .protocol import BAD_MANIFEST, BAD_WORKLOAD, UNSAFE_PATH, CheckpointError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
 Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Name = Annotated[str, Field(min_length=1, max_length=255)]
+# A workload id names a job in logs, ids and manifests: printable, no control characters, at most 255.
+WorkloadId = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
+_WORKLOAD_ID = TypeAdapter(WorkloadId)
+
+
+def check_workload_id(workload_id: str) -> None:
+    """Refuse (`bad-workload`) an id the manifest would refuse — before a backend stops the job, not after."""
+    try:
+        _WORKLOAD_ID.validate_python(workload_id, strict=True)
+    except ValidationError as e:
+        raise CheckpointError(BAD_WORKLOAD, f"workload id {workload_id[:40]!r}{'...' if len(workload_id) > 40 else ''}"
+                              f": {e.errors()[0]['msg']}") from None
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class FileEntry(_Strict):
@@ -57,7 +69,7 @@ class CompatRecord(VersionsIn):
 class Manifest(_Strict):
     format: Annotated[int, Field(ge=1, le=FORMAT_VERSION)] = FORMAT_VERSION
     id: Name
-    workload_id: Name
+    workload_id: WorkloadId
     backend: Name
     mode: Name
     created_at: str  # ISO 8601, UTC
@@ -125,7 +137,9 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
         raise CheckpointError(BAD_MANIFEST, "(document): must be a JSON object", path=source)
     try:
         m = Manifest.model_validate_json(raw)  # JSON mode: arrays are tuples, strictness otherwise kept
-    except ValidationError as e:
+    except (RecursionError, ValueError) as e:
+        if not isinstance(e, ValidationError):
+            raise CheckpointError(BAD_MANIFEST, "(document): not a manifest", path=source) from None
         err = e.errors()[0]
         raise CheckpointError(BAD_MANIFEST, f"{loc_to_path(err['loc'])}: {err['msg']}", path=source) from None
     seen: set[str] = set()

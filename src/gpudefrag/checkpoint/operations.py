@@ -3,10 +3,17 @@
 `restore_from_store` is the only door to a backend's `restore`: it verifies the signature and every file's
 hash first, then the compatibility record against this host, and refuses (CheckpointError with a stable
 reason) before any image is read by CRIU.
+
+`checkpoint_to_store` never loses a job it stopped: everything that can be checked is checked before the
+backend runs (workload id, key, free space for the images plus the manifest), and when the commit fails after a
+dump that stopped the job, the job is restored in place from the images; only when that fails too are the images
+kept (`<store>/.kept-<id>`, named in the error) — they are then the only copy of the job's state.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -15,8 +22,19 @@ from ..core.compat import CompatRule
 from ..core.model import Versions
 from .compat import DEFAULT_FIELDS, field_names, host_versions, mismatches
 from .manifest import Manifest
-from .protocol import INCOMPATIBLE, UNAVAILABLE, CheckpointBackend, CheckpointError, CheckpointResult, RestoreResult
-from .store import CheckpointStore
+from .protocol import (
+    CHECKPOINT_FAILED,
+    INCOMPATIBLE,
+    STORE_FULL,
+    UNAVAILABLE,
+    CheckpointBackend,
+    CheckpointError,
+    CheckpointResult,
+    RestoreResult,
+)
+from .store import CheckpointStore, PendingCheckpoint
+
+MANIFEST_RESERVE = 1 << 20  # room the manifest (and the rename's metadata) needs beside the images
 
 
 def backend_for(name: str, **kw: Any) -> CheckpointBackend:
@@ -40,29 +58,80 @@ def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid:
                         leave_running: bool = False, precopy: bool = False, page_server: bool = False,
                         engine: str | None = None, model: str | None = None, parent: str | None = None,
                         keep: int | None = None, **backend_kw: Any) -> tuple[Manifest, CheckpointResult]:
-    """Checkpoint `pid` into a new signed store entry; apply retention (`keep` newest) for the workload."""
-    with store.create(workload_id) as pending:
-        if page_server:
-            from .criu import CriuBackend, stream_checkpoint
+    """Checkpoint `pid` into a new signed store entry; apply retention (`keep` newest verified) for the workload.
 
-            if not isinstance(backend, CriuBackend):
-                raise CheckpointError(UNAVAILABLE, f"page-server streaming needs CRIU, not {backend.name}")
-            res = stream_checkpoint(backend, pid, pending.dir, leave_running=leave_running, precopy=precopy,
-                                    **backend_kw)
-        else:
-            res = backend.checkpoint(pid, pending.dir, leave_running=leave_running, precopy=precopy,
-                                     **backend_kw)
-        gpu = getattr(backend, "gpu_versions", None)
-        compat = host_versions(res.checkpointer or backend.version(), gpu=gpu() if callable(gpu) else None)
-        compat = Versions(**{**_asdict(compat), "engine": engine, "model": model})
-        info = {**res.extra, "frozen_s": res.frozen_s, "duration_s": res.duration_s,
-                "leave_running": res.leave_running, "notes": list(res.notes)}
-        gpus = res.extra.get("gpus", {})
-        manifest = pending.commit(backend=backend.name, mode=res.mode, compat=compat, parent=parent,
-                                  gpus=gpus, info=info)
+    Raises CheckpointError; when a stopped job could not be committed, `restored_pid` (restored in place) or
+    `kept_images` (the folder that now holds its only copy) says where the job went."""
+    with store.create(workload_id) as pending:
+        _check_room(store, backend, pid)
+        try:
+            if page_server:
+                from .criu import CriuBackend, stream_checkpoint
+
+                if not isinstance(backend, CriuBackend):
+                    raise CheckpointError(UNAVAILABLE, f"page-server streaming needs CRIU, not {backend.name}")
+                res = stream_checkpoint(backend, pid, pending.dir, leave_running=leave_running, precopy=precopy,
+                                        **backend_kw)
+            else:
+                res = backend.checkpoint(pid, pending.dir, leave_running=leave_running, precopy=precopy,
+                                         **backend_kw)
+        except CheckpointError as e:
+            if e.stopped is None:
+                raise  # nothing was stopped (CRIU resumes the job when its dump fails)
+            raise _save_the_stopped_job(backend, pending, e.stopped, e) from None
+        try:
+            gpu = getattr(backend, "gpu_versions", None)
+            compat = host_versions(res.checkpointer or backend.version(), gpu=gpu() if callable(gpu) else None)
+            compat = Versions(**{**_asdict(compat), "engine": engine, "model": model})
+            info = {**res.extra, "frozen_s": res.frozen_s, "duration_s": res.duration_s,
+                    "leave_running": res.leave_running, "notes": list(res.notes)}
+            gpus = res.extra.get("gpus", {})
+            manifest = pending.commit(backend=backend.name, mode=res.mode, compat=compat, parent=parent,
+                                      gpus=gpus, info=info)
+        except Exception as e:
+            if res.leave_running:
+                raise  # the job still runs: dropping the unfinished images loses nothing
+            raise _save_the_stopped_job(backend, pending, res, e) from None
     if keep is not None:
         store.retain(workload_id, keep)
     return manifest, res
+
+
+def _check_room(store: CheckpointStore, backend: CheckpointBackend, pid: int) -> None:
+    """Refuse (`store-full`) before the backend runs when the store cannot hold the images plus the manifest."""
+    estimate = getattr(backend, "estimate_bytes", None)
+    need = (estimate(pid) if callable(estimate) else 0) + MANIFEST_RESERVE
+    st = os.statvfs(store.root)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise CheckpointError(STORE_FULL, f"{free / 2**20:.1f} MiB free, about {need / 2**20:.1f} MiB needed for the "
+                              "images and the manifest; nothing was stopped", path=str(store.root))
+
+
+def _save_the_stopped_job(backend: CheckpointBackend, pending: PendingCheckpoint, res: CheckpointResult,
+                          cause: Exception) -> CheckpointError:
+    """The dump stopped the job and the commit failed: the images are its only state. Restore it in place from
+    them (then they may go), else keep them and say where. Returns the error to raise."""
+    if isinstance(cause, CheckpointError):
+        reason, why = cause.reason, cause.detail
+    elif isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason, why = STORE_FULL, f"no space left for the manifest ({cause.strerror})"
+    else:
+        reason, why = CHECKPOINT_FAILED, f"commit failed: {cause}"
+    try:
+        rr = backend.restore(pending.dir, info=res.extra)
+    except Exception as e:  # whatever failed, the images must survive
+        kept = pending.preserve()
+        err = CheckpointError(reason, f"{why}; the job was stopped and could not be restored in place ({e}); "
+                              f"its images are kept at {kept} (restore them with the backend directly)",
+                              path=str(kept))
+        err.kept_images = str(kept)
+        err.stopped = res  # its `extra` is what a restore from the kept images needs
+        return err
+    err = CheckpointError(reason, f"{why}; no checkpoint was stored and the job was restored in place as PID "
+                          f"{rr.pid}", path=str(pending.store.root))
+    err.restored_pid = rr.pid
+    return err
 
 
 def check_compat(manifest: Manifest, here: Versions, fields: Iterable[str] = DEFAULT_FIELDS,

@@ -27,13 +27,17 @@ UNEXPECTED_FILE = "unexpected-file"
 UNSAFE_PATH = "unsafe-path"
 INCOMPATIBLE = "incompatible"
 INSECURE_KEY = "insecure-key"
+MISSING_KEY = "missing-key"
+OWNER_MISMATCH = "owner-mismatch"
+BAD_WORKLOAD = "bad-workload"
+STORE_FULL = "store-full"
 CHECKPOINT_FAILED = "checkpoint-failed"
 RESTORE_FAILED = "restore-failed"
 UNAVAILABLE = "unavailable"
 
 REFUSAL_CODES = frozenset(
     {NOT_FOUND, MISSING_MANIFEST, BAD_MANIFEST, BAD_SIGNATURE, WRONG_KEY, HASH_MISMATCH, SIZE_MISMATCH,
-     MISSING_FILE, UNEXPECTED_FILE, UNSAFE_PATH, INCOMPATIBLE}
+     MISSING_FILE, UNEXPECTED_FILE, UNSAFE_PATH, INCOMPATIBLE, OWNER_MISMATCH}
 )
 
 
@@ -46,12 +50,22 @@ class CheckpointError(GpudefragError):
         self.detail = detail
         self.path = path
         self.fields = fields
+        # a checkpoint that stopped the job and could not commit: where the job went (see operations.py)
+        self.restored_pid: int | None = None
+        self.kept_images: str | None = None
+        # set by a backend that failed after it stopped the job: what it wrote (the images are its only state)
+        self.stopped: CheckpointResult | None = None
         where = f"{path}: " if path else ""
         super().__init__(f"{where}{reason}: {detail}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": False, "reason": self.reason, "detail": self.detail, "path": self.path,
-                "fields": list(self.fields)}
+        doc: dict[str, Any] = {"ok": False, "reason": self.reason, "detail": self.detail, "path": self.path,
+                               "fields": list(self.fields)}
+        if self.restored_pid is not None:
+            doc["restored_pid"] = self.restored_pid
+        if self.kept_images is not None:
+            doc["kept_images"] = self.kept_images
+        return doc
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
     <root>/<ckpt-id>/manifest.json      signed: files + sizes + SHA-256, compatibility record, parent, times
     <root>/<ckpt-id>/<image files>      whatever the backend wrote (CRIU images, a state_dict, ...)
     <root>/.tmp-<ckpt-id>/              a checkpoint being written; renamed into place on commit
+    <root>/.kept-<ckpt-id>/             images of a stopped job whose commit failed and that could not be
+                                        restored in place: the only copy of its state, never removed by gc
 
 Folders are 0700 and files 0600: images hold the job's memory (secrets included). A checkpoint appears only
 complete (temp folder + rename) and `verify` re-reads every byte before a restore is allowed to trust it.
@@ -11,6 +13,7 @@ complete (temp folder + rename) and `verify` re-reads every byte before a restor
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -25,10 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from ..core.model import Versions
-from ..errors import InputError
-from ..fileio import read_input
 from .keys import DEFAULT_KEY_PATH, key_id, load_key
-from .manifest import MANIFEST_NAME, CompatRecord, FileEntry, LinkEntry, Manifest, link_stays_inside, parse_manifest
+from .manifest import (
+    MANIFEST_NAME,
+    CompatRecord,
+    FileEntry,
+    LinkEntry,
+    Manifest,
+    check_workload_id,
+    link_stays_inside,
+    parse_manifest,
+)
 from .protocol import (
     BAD_MANIFEST,
     BAD_SIGNATURE,
@@ -47,6 +57,8 @@ from .protocol import (
 DEFAULT_STORE = Path("/var/lib/gpudefrag/checkpoints")
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+KEPT_PREFIX = ".kept-"
+MAX_MANIFEST_BYTES = 16 << 20
 _CHUNK = 4 << 20
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -105,13 +117,24 @@ class PendingCheckpoint:
     workload_id: str
     dir: Path
     committed: Manifest | None = None
+    preserved: Path | None = None  # set by `preserve`: the images outlive a failed commit
 
     def __enter__(self) -> PendingCheckpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.committed is None:
+        if self.committed is None and self.preserved is None:
             self.store.abort(self)
+
+    def preserve(self) -> Path:
+        """Keep the images of a stopped job whose commit failed: rename to `.kept-<id>` (gc leaves it alone)."""
+        kept = self.store.root / f"{KEPT_PREFIX}{self.ckpt_id}"
+        try:
+            os.rename(self.dir, kept)
+        except OSError:
+            kept = self.dir  # still the only copy: leave it where it is, under its temp name
+        self.preserved = kept
+        return kept
 
     def commit(self, **kw: Any) -> Manifest:
         self.committed = self.store.commit(self, **kw)
@@ -125,11 +148,12 @@ class GcResult:
     stale_temp_removed: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()
     freed_bytes: int = 0
+    unverified: tuple[str, ...] = ()  # checked and failed (forged, unsigned, hash mismatch): never counted as kept
 
     def as_dict(self) -> dict[str, Any]:
         return {"removed": list(self.removed), "kept": list(self.kept),
                 "stale_temp_removed": list(self.stale_temp_removed), "unreadable": list(self.unreadable),
-                "freed_bytes": self.freed_bytes}
+                "unverified": list(self.unverified), "freed_bytes": self.freed_bytes}
 
 
 @dataclass
@@ -147,7 +171,7 @@ class CheckpointStore:
     @property
     def key(self) -> bytes:
         if self._key is None:
-            self._key = load_key(self.key_path, create=True)
+            self._key = load_key(self.key_path)  # missing: an error (only a checkpoint creates the key)
         return self._key
 
     def _ensure_root(self) -> None:
@@ -161,8 +185,10 @@ class CheckpointStore:
 
     # -- writing --------------------------------------------------------------------------------------
     def create(self, workload_id: str) -> PendingCheckpoint:
+        check_workload_id(workload_id)  # before the backend freezes anything: a refused id must not stop a job
+        if self._key is None:
+            self._key = load_key(self.key_path, create=True)  # fail on an insecure key before the freeze too
         self._ensure_root()
-        _ = self.key  # fail on an insecure key before the backend freezes anything
         now = datetime.now(UTC)
         ckpt_id = f"{_slug(workload_id)}-{now:%Y%m%dT%H%M%S%f}Z-{secrets.token_hex(3)}"
         tmp = self.root / f"{TMP_PREFIX}{ckpt_id}"
@@ -227,12 +253,19 @@ class CheckpointStore:
         mp = d / MANIFEST_NAME
         if not d.is_dir() or d.is_symlink():
             raise CheckpointError(NOT_FOUND, "no such checkpoint", path=str(d))
-        if not mp.exists() and not mp.is_symlink():
-            raise CheckpointError(MISSING_MANIFEST, f"{MANIFEST_NAME} is missing", path=str(d))
-        try:  # a regular file, not a link, a FIFO or a device; size-limited
-            raw = read_input(mp, "manifest", follow_links=False)
-        except InputError as e:
-            raise CheckpointError(BAD_MANIFEST, e.message, path=str(mp)) from None
+        try:  # no link, FIFO or device: a planted manifest must neither redirect nor hang the reader
+            fd = os.open(mp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise CheckpointError(MISSING_MANIFEST, f"{MANIFEST_NAME} is missing", path=str(d)) from None
+        except OSError as e:
+            raise CheckpointError(UNSAFE_PATH if e.errno == errno.ELOOP else BAD_MANIFEST,
+                                  f"cannot open: {e.strerror}", path=str(mp)) from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CheckpointError(UNSAFE_PATH, "not a regular file", path=str(mp))
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise CheckpointError(BAD_MANIFEST, "manifest is too large", path=str(mp))
         return parse_manifest(raw, str(mp))
 
     def verify(self, ckpt_id: str) -> VerifyResult:
@@ -252,7 +285,11 @@ class CheckpointStore:
         def bad(reason: str, detail: str, n: int = 0) -> VerifyResult:
             return VerifyResult(ckpt_id, str(d), False, reason, detail, None, n)
 
-        if m.key_id != key_id(self.key):
+        try:
+            key = self.key
+        except CheckpointError as e:  # missing or insecure key: nothing can verify
+            return bad(e.reason, f"{e.path}: {e.detail}")
+        if m.key_id != key_id(key):
             return bad(WRONG_KEY, f"signed with key {m.key_id}, this store's key is {key_id(self.key)}")
         if not m.signature_ok(self.key):
             return bad(BAD_SIGNATURE, "manifest signature does not match its contents")
@@ -305,10 +342,10 @@ class CheckpointStore:
         for cid in self.ids():
             try:
                 m = self.read_manifest(cid)
-            except CheckpointError as e:
+            except (CheckpointError, OSError) as e:  # one bad entry is reported; the rest are still listed
                 out.append({"id": cid, "workload_id": None, "created_at": None, "created_unix": 0.0,
                             "bytes": None, "backend": None, "mode": None, "parent": None,
-                            "signed": False, "error": e.reason})
+                            "signed": False, "error": getattr(e, "reason", BAD_MANIFEST)})
                 continue
             if workload_id is not None and m.workload_id != workload_id:
                 continue
@@ -333,8 +370,12 @@ class CheckpointStore:
 
     # -- retention ------------------------------------------------------------------------------------
     def gc(self, keep: int, *, workload_id: str | None = None, stale_temp_s: float = 3600.0) -> GcResult:
-        """Keep the newest `keep` checkpoints per workload (and every parent they need); drop the rest and
-        temp folders older than `stale_temp_s` (a writer that died). Unreadable folders are reported, kept."""
+        """Keep the newest `keep` checkpoints per workload that VERIFY (signature and every hash), and every
+        parent they need; drop the rest and temp folders older than `stale_temp_s` (a writer that died).
+
+        Only verified checkpoints count: a forged, unsigned or corrupted newer one never pushes out a good one,
+        and a workload's newest verified checkpoint is kept even with `keep=0`. A workload with no verified
+        checkpoint at all (e.g. gc run with the wrong key) loses nothing. Unreadable folders are reported, kept."""
         if keep < 0:
             raise ValueError("keep must be >= 0")
         rows = self.list(workload_id)
@@ -346,8 +387,20 @@ class CheckpointStore:
             else:
                 by_wl.setdefault(r["workload_id"], []).append(r)
         keep_ids: set[str] = set()
-        for wl_rows in by_wl.values():
-            keep_ids.update(r["id"] for r in wl_rows[:keep])
+        unverified: list[str] = []
+        for wl, wl_rows in list(by_wl.items()):
+            good = []
+            for r in wl_rows:  # newest first; verify until enough good ones are found
+                if len(good) >= max(keep, 1):
+                    break
+                if r["signed"] and self.verify(r["id"]).ok:
+                    good.append(r["id"])
+                else:
+                    unverified.append(r["id"])
+            if not good:
+                del by_wl[wl]  # nothing verifies: delete nothing of this workload
+                continue
+            keep_ids.update(good)
         parents = {r["id"]: r["parent"] for r in rows if not r["error"]}
         for cid in list(keep_ids):
             p = parents.get(cid)
@@ -369,7 +422,7 @@ class CheckpointStore:
                     freed += self._remove(Path(e.path))
                     stale.append(e.name)
         kept = [r["id"] for r in rows if r["id"] in keep_ids]
-        return GcResult(tuple(removed), tuple(kept), tuple(stale), tuple(unreadable), freed)
+        return GcResult(tuple(removed), tuple(kept), tuple(stale), tuple(unreadable), freed, tuple(unverified))
 
     def retain(self, workload_id: str, keep: int) -> GcResult:
         return self.gc(keep, workload_id=workload_id, stale_temp_s=float("inf"))

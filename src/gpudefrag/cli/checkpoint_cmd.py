@@ -1,4 +1,4 @@
-"""Checkpoint commands: `checkpoint --pid`, `restore CKPT`, `checkpoints list|verify|gc`.
+"""Checkpoint commands: `checkpoint --pid`, `restore CKPT`, `checkpoints list|verify|gc`, `keys init`.
 
 A refused or failed operation prints one line `error: <where>: <reason-code>: <detail>` (or, with --json, an
 object with `ok: false` and `reason`) and exits 2; a restore that is refused never starts the job.
@@ -22,14 +22,17 @@ checkpoints_app = typer.Typer(help="List, verify and garbage-collect stored chec
 
 StoreOpt = typer.Option(None, "--store", help="Checkpoint store folder [env GPUDEFRAG_STORE; "
                         "default /var/lib/gpudefrag/checkpoints]")
-KeyOpt = typer.Option(None, "--key", help="Signing key file, root-only, created 0600 if missing "
-                      "[env GPUDEFRAG_KEY; default /etc/gpudefrag/checkpoint.key]")
+keys_app = typer.Typer(help="The store's signing key.", no_args_is_help=True)
+
+KeyOpt = typer.Option(None, "--key", help="Signing key file, root-only (0600); only `checkpoint` and `keys init` "
+                      "create it [env GPUDEFRAG_KEY; default /etc/gpudefrag/checkpoint.key]")
 
 
 def register(app: typer.Typer) -> None:
     app.command("checkpoint")(checkpoint)
     app.command("restore")(restore)
     app.add_typer(checkpoints_app, name="checkpoints")
+    app.add_typer(keys_app, name="keys")
 
 
 def _store(store: Path | None, key: Path | None) -> CheckpointStore:
@@ -45,6 +48,11 @@ def _refusals(json_out: bool) -> Iterator[None]:
             emit_json(e.as_dict())
             raise typer.Exit(2) from None
         raise fail(str(e)) from None
+    except OSError as e:  # a store folder that cannot be made or read: one line, never a traceback
+        if json_out:
+            emit_json({"ok": False, "reason": "os-error", "detail": e.strerror, "path": e.filename, "fields": []})
+            raise typer.Exit(2) from None
+        raise fail(f"{e.filename or 'store'}: {e.strerror}") from None
 
 
 def checkpoint(
@@ -169,3 +177,17 @@ def gc_cmd(
     console.print(f"removed {len(r.removed)} checkpoint(s), {r.freed_bytes / 2**20:.1f} MiB freed; "
                   f"kept {len(r.kept)}" + (f"; unreadable (left alone): {', '.join(r.unreadable)}"
                                            if r.unreadable else ""))
+
+
+@keys_app.command("init")
+def keys_init(key: Path = KeyOpt, json_out: bool = JsonOpt) -> None:
+    """Create the signing key (0600) if it is missing; an existing one is checked and kept, never replaced."""
+    from ..checkpoint.keys import init_key, key_id
+
+    path = key or default_key_path()
+    with _refusals(json_out):
+        k, created = init_key(path)
+    if json_out:
+        emit_json({"ok": True, "path": str(path), "key_id": key_id(k), "created": created})
+        return
+    console.print(f"{'created' if created else 'exists'}: {escape(str(path))} (key id {key_id(k)})")

@@ -1,0 +1,290 @@
+"""A job owner must not get anything done as root through a checkpoint: real jobs run as `nobody`, checkpointed
+by root through the application hook and CRIU, and restored — as `nobody` again, from the signed record."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpudefrag.checkpoint import probe_job
+from gpudefrag.checkpoint.app_hook import AppHookBackend
+from gpudefrag.checkpoint.operations import checkpoint_to_store, restore_from_store
+from gpudefrag.checkpoint.protocol import OWNER_MISMATCH, UNSAFE_PATH, CheckpointError
+from gpudefrag.checkpoint.store import CheckpointStore
+
+from .conftest import Probes
+
+NOBODY = 65534
+SYS_PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, which nobody cannot enter
+
+# A job that speaks the spool protocol of gpudefrag.job.Job with the system Python only: on SIGUSR1 it saves
+# {"step": N} atomically into its spool (plus whatever `evil` plants); restored, it logs who it runs as and exits.
+JOB = r'''
+import json, os, signal, sys, time
+spool, log_path, evil = os.environ["GPUDEFRAG_JOB_SPOOL"], sys.argv[1], sys.argv[2]
+log = open(log_path, "a", buffering=1)
+src = os.environ.get("GPUDEFRAG_RESTORE_FROM")
+if src:
+    step = json.load(open(os.path.join(src, "meta.json")))["step"]
+    log.write(f"RESTORED uid={os.getuid()} gid={os.getgid()} groups={sorted(os.getgroups())} step={step} "
+              f"marker={os.environ.get('MARKER')} key={os.environ.get('GPUDEFRAG_KEY')}\n")
+    sys.exit(0)
+asked = False
+def on(sig, frame):
+    global asked
+    asked = True
+signal.signal(signal.SIGUSR1, on)
+os.makedirs(spool, exist_ok=True)
+step = 0
+log.write(f"START uid={os.getuid()}\n")
+while True:
+    step += 1
+    if asked:
+        asked = False
+        tmp = os.path.join(spool, ".tmp")
+        os.makedirs(tmp)
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump({"step": step}, f)
+        if evil == "symlink":
+            os.symlink("/etc/shadow", os.path.join(tmp, "secret"))
+        elif evil == "fifo":
+            os.mkfifo(os.path.join(tmp, "pipe"))
+        elif evil == "dirlink":
+            os.symlink("/etc", os.path.join(tmp, "etc"))
+        os.rename(tmp, os.path.join(spool, "%08d" % step))
+        log.write(f"SAVED step={step}\n")
+    time.sleep(0.02)
+'''
+
+# A CRIU-able loop as nobody: appends its step to the log (O_APPEND) and keeps going.
+LOOP = r'''
+import os, sys, time
+step = 0
+while True:
+    step += 1
+    with open(sys.argv[1], "a") as f:
+        f.write(f"step={step} uid={os.getuid()}\n")
+    time.sleep(0.05)
+'''
+
+
+@pytest.fixture
+def jobdir() -> Iterator[Path]:
+    """A folder nobody owns, reachable by nobody (pytest's tmp_path is root-only)."""
+    base = Path(tempfile.mkdtemp(prefix="gpd-priv-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    d = base / "job"
+    d.mkdir()
+    os.chown(d, NOBODY, NOBODY)
+    (d / "job.py").write_text(JOB)
+    (d / "loop.py").write_text(LOOP)
+    yield d
+    shutil.rmtree(base, ignore_errors=True)
+
+
+class AsNobody:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.pids: set[int] = set()
+
+    def start(self, d: Path, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
+        out = os.open(d / "job.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.fchown(out, NOBODY, NOBODY)  # as a batch system opens a job's output: the user's own file
+        try:
+            p = subprocess.Popen(argv, cwd=d, user=NOBODY, group=NOBODY, extra_groups=[NOBODY],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                 env={"PATH": "/usr/bin:/bin", "GPUDEFRAG_JOB_SPOOL": str(d / "spool"), **env})
+        finally:
+            os.close(out)
+        self.procs.append(p)
+        self.pids.add(p.pid)
+        return p
+
+    def cleanup(self, d: Path) -> None:
+        for pid in self.pids:
+            try:
+                if str(d).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+
+
+@pytest.fixture
+def nobody(jobdir: Path) -> Iterator[AsNobody]:
+    n = AsNobody()
+    yield n
+    n.cleanup(jobdir)
+
+
+def _wait_for(path: Path, text: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in (t := path.read_text()):
+            return t
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} not in {path} after {timeout} s: {path.read_text() if path.exists() else ''}")
+
+
+def _status_ids(pid: int) -> tuple[int, int]:
+    doc = dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in ln)
+    return int(doc["Uid"].split()[0]), int(doc["Gid"].split()[0])
+
+
+# -- application hook ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("evil", ["symlink", "fifo", "dirlink"])
+def test_app_hook_refuses_links_and_special_files_in_the_spool(store: CheckpointStore, jobdir: Path,
+                                                               nobody: AsNobody, evil: str) -> None:
+    log = jobdir / "job.log"
+    p = nobody.start(jobdir, [SYS_PY, str(jobdir / "job.py"), str(log), evil])
+    _wait_for(log, "START")
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_to_store(store, AppHookBackend(timeout_s=30), p.pid, "priv")
+    assert e.value.reason == UNSAFE_PATH
+    assert store.ids() == []  # nothing was stored, signed or not
+    assert not any(Path(d).name.startswith(".tmp-") for d in os.listdir(store.root))
+    assert p.poll() is None  # refused before the job was stopped: it still runs
+
+
+def test_app_hook_restores_as_the_job_owner_from_the_signed_record(store: CheckpointStore, jobdir: Path,
+                                                                   nobody: AsNobody,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    log = jobdir / "job.log"
+    p = nobody.start(jobdir, [SYS_PY, str(jobdir / "job.py"), str(log), "none"], MARKER="from-the-job")
+    _wait_for(log, "START uid=65534")
+    m, _ = checkpoint_to_store(store, AppHookBackend(timeout_s=30), p.pid, "priv")
+    assert p.wait(timeout=30) == -signal.SIGKILL
+    owner = m.info["owner"]
+    assert (owner["uid"], owner["gid"]) == (NOBODY, NOBODY) and m.info["env"]["MARKER"] == "from-the-job"
+    saved = json.loads((store.path(m.id) / "meta.json").read_text())["step"]
+
+    # what root has in its environment must not reach the job; what the job's folder says now is not trusted
+    monkeypatch.setenv("GPUDEFRAG_KEY", "/root/secret.key")
+    monkeypatch.setenv("MARKER", "from-root")
+    _, rr = restore_from_store(store, m.id, wait=True)
+    assert rr.exit_code == 0
+    line = _wait_for(log, "RESTORED").splitlines()[-1]
+    assert f"uid={NOBODY} gid={NOBODY} groups=[{NOBODY}] step={saved}" in line, line
+    assert "marker=from-the-job" in line and "key=None" in line, line
+    assert store.verify(m.id).ok
+
+
+def test_app_hook_refuses_a_restore_when_the_owner_changed(store: CheckpointStore, jobdir: Path,
+                                                           nobody: AsNobody) -> None:
+    log = jobdir / "job.log"
+    p = nobody.start(jobdir, [SYS_PY, str(jobdir / "job.py"), str(log), "none"])
+    _wait_for(log, "START")
+    m, _ = checkpoint_to_store(store, AppHookBackend(timeout_s=30), p.pid, "priv")
+    p.wait(timeout=30)
+    os.chown(jobdir, 4321, 4321)  # the folder now belongs to someone else
+    with pytest.raises(CheckpointError) as e:
+        restore_from_store(store, m.id, wait=True)
+    assert e.value.reason == OWNER_MISMATCH
+    assert "RESTORED" not in log.read_text()
+
+
+# -- CRIU -------------------------------------------------------------------------------------------------------
+CAP_SYS_RESOURCE = 24
+
+
+def _has_cap(bit: int) -> bool:
+    eff = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("CapEff:"))
+    return bool(int(eff.split()[1], 16) >> bit & 1)
+
+
+@pytest.mark.criu
+def test_criu_refuses_a_restore_when_the_owner_of_the_job_folder_or_files_changed(criu, store: CheckpointStore,
+                                                                                 probes: Probes) -> None:
+    job, log = probes.start()
+    m, _ = checkpoint_to_store(store, criu, job.pid, "owner")
+    job.reap()
+    assert m.info["owner"]["uid"] == os.getuid() and m.info["cwd"] == os.getcwd()
+    cwd = Path(m.info["cwd"])
+    st = cwd.stat()
+    try:
+        os.chown(cwd, 4321, st.st_gid)  # the job's folder was handed to someone else since the dump
+        with pytest.raises(CheckpointError) as e:
+            restore_from_store(store, m.id)
+        assert e.value.reason == OWNER_MISMATCH
+    finally:
+        os.chown(cwd, st.st_uid, st.st_gid)
+    # the job's output file swapped for a link (to a file its owner may not touch): CRIU would open the target
+    assert str(job.stdout) in {f["path"] for f in m.info["files"]}
+    secret = probes.dir / "secret"
+    secret.write_text("not yours\n")
+    os.rename(job.stdout, probes.dir / "out.saved")
+    os.symlink(secret, job.stdout)
+    with pytest.raises(CheckpointError) as e:
+        restore_from_store(store, m.id)
+    assert e.value.reason == OWNER_MISMATCH and "link" in e.value.detail
+    os.unlink(job.stdout)
+    os.rename(probes.dir / "out.saved", job.stdout)
+    assert secret.read_text() == "not yours\n"
+    _, rr = restore_from_store(store, m.id)
+    probes.track(rr.pid)
+    probe_job.wait_step(log, probe_job.last_step(log) + 2, timeout=30)
+
+
+@pytest.mark.criu
+def test_criu_job_of_nobody_comes_back_as_nobody_and_owner_change_is_refused(criu, store: CheckpointStore,
+                                                                             jobdir: Path,
+                                                                             nobody: AsNobody) -> None:
+    if not _has_cap(CAP_SYS_RESOURCE):  # CRIU reads the job's rlimits with prlimit(), which needs it
+        msg = ("CRIU CANNOT DUMP ANOTHER USER'S PROCESS HERE: this root lacks CAP_SYS_RESOURCE (a container); "
+               "the nobody CRIU round trip is SKIPPED")
+        if os.environ.get("GPUDEFRAG_REQUIRE_CRIU") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    log = jobdir / "loop.log"
+    p = nobody.start(jobdir, [SYS_PY, str(jobdir / "loop.py"), str(log)])
+    _wait_for(log, "step=3 ")
+    m, _ = checkpoint_to_store(store, criu, p.pid, "priv-criu")
+    p.wait(timeout=30)
+    assert m.info["owner"]["uid"] == NOBODY
+    os.chown(jobdir, 4321, 4321)
+    with pytest.raises(CheckpointError) as e:
+        restore_from_store(store, m.id)
+    assert e.value.reason == OWNER_MISMATCH
+    os.chown(jobdir, NOBODY, NOBODY)
+    _, rr = restore_from_store(store, m.id)
+    nobody.pids.add(rr.pid)
+    assert _status_ids(rr.pid) == (NOBODY, NOBODY)
+    n = len(log.read_text().splitlines())
+    _wait_for(log, f"step={n + 3} uid={NOBODY}")
+
+
+@pytest.mark.criu
+def test_criu_log_folder_planted_by_a_user_is_not_used(criu, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudefrag.checkpoint.criu import CriuBackend
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o1777)
+    os.chmod(tmp, 0o1777)
+    (tmp_path / "victim").mkdir()
+    os.symlink(tmp_path / "victim", tmp / "gpudefrag-criu-logs")  # a user's link in a shared /tmp
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    tempfile.tempdir = None
+    try:
+        with pytest.raises(CheckpointError) as e:
+            CriuBackend(criu_bin=criu.criu_bin)
+        assert e.value.reason == UNSAFE_PATH
+        planted = tmp_path / "planted"
+        planted.mkdir(mode=0o777)
+        os.chmod(planted, 0o777)
+        with pytest.raises(CheckpointError):
+            CriuBackend(criu_bin=criu.criu_bin, log_dir=planted)  # others may write into it
+    finally:
+        tempfile.tempdir = None
