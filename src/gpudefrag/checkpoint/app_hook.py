@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..job import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, spool_entries
+from ..job import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, checkpoint_signal, spool_entries
 from .launch import spawn_job
 from .protocol import CHECKPOINT_FAILED, RESTORE_FAILED, CheckpointError, CheckpointResult, RestoreResult
 
@@ -62,7 +62,7 @@ class AppHookBackend:
         spool = Path(self.spool or env.get(ENV_SPOOL) or Path(cwd) / ".gpudefrag-spool")
         if not spool.is_absolute():
             spool = Path(cwd) / spool
-        sig = int(env.get(ENV_SIGNAL, self.signum))
+        sig = checkpoint_signal(env.get(ENV_SIGNAL), self.signum)
         before = spool_entries(spool)
         last = before[-1].name if before else ""
         t0 = time.perf_counter()

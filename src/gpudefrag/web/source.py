@@ -198,7 +198,7 @@ def read_journal(path: Path | None, limit: int = 100) -> tuple[list[dict[str, An
     except ImportError as e:
         return [], f"journal reader not available: {e}"
     try:
-        j = mod.Journal(path)
+        j = mod.Journal(path, readonly=True)  # the dashboard never writes (or creates) the journal
         try:
             rows = j.history(limit=limit)
         finally:
