@@ -450,7 +450,8 @@ class Wrapper:
                 sig = int(self.flags["term"])
                 self._log(f"got {signal.Signals(sig).name}: stopping the workload")
                 self.stop_workload()
-                self.status(RunPhase.EXITED, exit_code=128 + sig, reason=f"wrapper got {signal.Signals(sig).name}")
+                if not stopped:  # a requeue after a move's checkpoint ends us too: `checkpointed` must stay
+                    self.status(RunPhase.EXITED, exit_code=128 + sig, reason=f"wrapper got {signal.Signals(sig).name}")
                 return 128 + sig
             if self.lost:
                 self.status(RunPhase.EXITED, exit_code=LOST_EXIT, reason=self.lost)

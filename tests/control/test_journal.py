@@ -8,9 +8,12 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpudefrag.control.journal import Journal, JournalError, MigrationState
 
@@ -220,3 +223,44 @@ def test_a_full_disk_is_one_line_and_keeps_the_in_flight_migration(tmp_path: Pat
         j2.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+_GOOD: dict[str, bytes] = {}
+
+
+def _good_journal() -> bytes:
+    """The bytes of a checkpointed journal with some history (built once)."""
+    if "b" not in _GOOD:
+        with tempfile.TemporaryDirectory() as d:
+            j = Journal(Path(d) / "j.db")
+            for i in range(30):
+                m = j.create(f"w{i}", "a", "b", data={"i": i})
+                j.transition(m.id, MigrationState.CHECKPOINTING, detail="x" * (i * 10))
+            j._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            j.close()
+            _GOOD["b"] = (Path(d) / "j.db").read_bytes()
+    return _GOOD["b"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cut=st.integers(min_value=0, max_value=1 << 20), flips=st.lists(
+    st.tuples(st.integers(min_value=0, max_value=1 << 20), st.integers(min_value=1, max_value=255)), max_size=8),
+    junk=st.binary(max_size=64), readonly=st.booleans())
+def test_any_damage_is_a_journal_or_one_journal_error(cut: int, flips: list[tuple[int, int]], junk: bytes,
+                                                      readonly: bool) -> None:
+    data = bytearray(_good_journal())
+    data = data[: cut % (len(data) + 1)] + junk
+    for off, x in flips:
+        if data:
+            data[off % len(data)] ^= x
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "j.db"
+        p.write_bytes(bytes(data))
+        try:
+            with Journal(p, readonly=readonly) as j:
+                j.history(50)
+                j.active()
+        except JournalError as e:
+            assert "\n" not in str(e) and str(p) in str(e)
+        if readonly:
+            assert p.read_bytes() == bytes(data) and sorted(os.listdir(d)) == ["j.db"]
