@@ -14,11 +14,15 @@ step::
         train_one_step(); step += 1
         job.safe_point(step)           # saves here if a checkpoint was asked for (signal) or is due (heartbeat)
 
-A checkpoint is asked for by a signal (SIGUSR1 unless `GPUDEFRAG_CHECKPOINT_SIGNAL` says otherwise) or by
-the heartbeat schedule (`every_s`). The signal handler only sets a flag: saving inside a handler could catch the
-model half-updated. Each save lands atomically in the spool folder (`GPUDEFRAG_JOB_SPOOL`) as `<seq>/` with a
-`meta.json`; the application-hook backend (`gpudefrag.checkpoint.app_hook`) picks it up, signs it into the
-store, and on restore starts the script again with `GPUDEFRAG_RESTORE_FROM` pointing at the verified copy.
+A checkpoint is asked for by a signal (SIGUSR1 unless `GPUDEFRAG_CHECKPOINT_SIGNAL` names another: `USR2`,
+`SIGUSR2` or `12`) or by the heartbeat schedule (`every_s`). The signal handler only sets a flag: saving
+inside a handler could catch the model half-updated. Each save lands atomically in the spool folder
+(`GPUDEFRAG_JOB_SPOOL`) as `<seq>/` with a `meta.json`; the application-hook backend
+(`gpudefrag.checkpoint.app_hook`) picks it up, signs it into the store, and on restore starts the script again
+with `GPUDEFRAG_RESTORE_FROM` pointing at the verified copy.
+
+A save that fails (a full disk, an error in `save`) never stops training: `safe_point` removes the partial
+folder, reports the error on stderr and in `last_error`, and tries again at the next request or period.
 """
 
 from __future__ import annotations
@@ -27,10 +31,13 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .errors import InputError
 
 ENV_SPOOL = "GPUDEFRAG_JOB_SPOOL"
 ENV_RESTORE_FROM = "GPUDEFRAG_RESTORE_FROM"
@@ -38,6 +45,25 @@ ENV_SIGNAL = "GPUDEFRAG_CHECKPOINT_SIGNAL"
 ENV_STORE = "GPUDEFRAG_STORE"
 ENV_WORKLOAD = "GPUDEFRAG_WORKLOAD_ID"
 META = "meta.json"
+APP_BACKEND = "app"  # the store's backend name for these saves (AppHookBackend.name)
+# a handler cannot be installed for these
+_NOT_CATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+
+
+def checkpoint_signal(value: str | None, default: int = signal.SIGUSR1) -> int:
+    """`GPUDEFRAG_CHECKPOINT_SIGNAL` as a signal number: a name (`USR1`, `SIGUSR1`) or a number; None → default.
+    Anything else is an error naming the variable, not a traceback from deep inside `signal`."""
+    if value is None:
+        return int(default)
+    text = value.strip().upper()
+    try:
+        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG")
+                                                                              else "SIG" + text]
+    except (KeyError, ValueError):
+        sig = None
+    if sig is None or sig in _NOT_CATCHABLE:
+        raise InputError(ENV_SIGNAL, "", f"{value!r} is not a signal a handler can catch (e.g. USR1, SIGUSR2, 12)")
+    return int(sig)
 
 
 def spool_entries(spool: Path) -> list[Path]:
@@ -58,7 +84,8 @@ class Job:
         self._clock = clock
         self._last_save = clock()
         self._requested = False
-        sig = signum if signum is not None else int(os.environ.get(ENV_SIGNAL, signal.SIGUSR1))
+        self.last_error: str | None = None  # why the last save failed (None after a good one)
+        sig = signum if signum is not None else checkpoint_signal(os.environ.get(ENV_SIGNAL))
         signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -75,16 +102,21 @@ class Job:
         """Load the checkpoint to resume from and return its metadata (what `save` was given), else None.
 
         `GPUDEFRAG_RESTORE_FROM` (set by the restorer, which verified the checkpoint first) wins; otherwise,
-        when `GPUDEFRAG_STORE` and `GPUDEFRAG_WORKLOAD_ID` are set and the store's key is readable,
-        the newest checkpoint of the workload that verifies.
+        when `GPUDEFRAG_STORE` and `GPUDEFRAG_WORKLOAD_ID` are set, the newest application checkpoint of the
+        workload that verifies — never one of the wrapper's CRIU images of the same workload. The store's key
+        must exist (`GPUDEFRAG_KEY`): a missing key is an error, never a new key.
         """
         src = os.environ.get(ENV_RESTORE_FROM)
         if not src and os.environ.get(ENV_STORE) and os.environ.get(ENV_WORKLOAD):
+            from .checkpoint.keys import load_key
             from .checkpoint.store import CheckpointStore, default_key_path
 
+            load_key(default_key_path(), create=False)
             store = CheckpointStore(Path(os.environ[ENV_STORE]), default_key_path())
-            m = store.latest(os.environ[ENV_WORKLOAD])
-            src = str(store.path(m.id)) if m else None
+            for row in store.list(os.environ[ENV_WORKLOAD]):  # newest first
+                if row["signed"] and row["backend"] == APP_BACKEND and store.verify(row["id"]).ok:
+                    src = str(store.path(row["id"]))
+                    break
         if not src:
             return None
         d = Path(src)
@@ -96,26 +128,38 @@ class Job:
         """Call between steps. Saves (and returns the folder) when a checkpoint was asked for or is due."""
         if not self.due():
             return None
-        return self.save(step, **meta)
+        try:
+            return self.save(step, **meta)
+        except Exception as e:  # a checkpoint is never worth the training run: report, go on, retry later
+            self.last_error = f"checkpoint at step {step} failed: {type(e).__name__}: {e}"
+            self._last_save = self._clock()  # the next period, not every step
+            print(f"gpudefrag.job: {self.last_error} (training goes on)", file=sys.stderr, flush=True)
+            return None
 
     def save(self, step: int, **meta: Any) -> Path:
+        """Save now; on failure the partial folder is removed and the error raised."""
         self._requested = False  # a signal that arrives during this save asks for another one
         self.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
         entries = spool_entries(self.spool)
         seq = int(entries[-1].name) + 1 if entries else 1
         tmp = self.spool / f".tmp-{seq:08d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(mode=0o700)
-        self._save(tmp)
-        doc = {"step": step, "saved_at": time.time(), "pid": os.getpid(), **meta}
-        (tmp / META).write_text(json.dumps(doc))
-        for p in tmp.rglob("*"):
-            if p.is_file():
-                with open(p, "rb") as f:
-                    os.fsync(f.fileno())
-        final = self.spool / f"{seq:08d}"
-        os.rename(tmp, final)  # complete or absent: the backend never sees half a save
+        try:
+            tmp.mkdir(mode=0o700)
+            self._save(tmp)
+            doc = {"step": step, "saved_at": time.time(), "pid": os.getpid(), **meta}
+            (tmp / META).write_text(json.dumps(doc))
+            for p in tmp.rglob("*"):
+                if p.is_file():
+                    with open(p, "rb") as f:
+                        os.fsync(f.fileno())
+            final = self.spool / f"{seq:08d}"
+            os.rename(tmp, final)  # complete or absent: the backend never sees half a save
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self._last_save = self._clock()
+        self.last_error = None
         for old in spool_entries(self.spool)[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final

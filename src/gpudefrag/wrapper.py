@@ -7,6 +7,13 @@ again after a move it restores the checkpoint its restore ticket names (or the n
 restore cold-starts the workload and records why. Restored processes keep their old environment
 (SLURMD_NODENAME, CUDA_VISIBLE_DEVICES), so the wrapper rewrites a node file whose path the workload gets in
 GPUDEFRAG_NODE_FILE.
+
+The workload never outlives the wrapper. It runs as PID 1 of its own PID namespace, so killing that one
+process takes its whole tree along; every such root (started or restored) is handed to a guard, a forked
+watcher holding the read end of a pipe whose only write end the wrapper holds. However the wrapper ends — a
+handled signal (it stops the workload itself, then exits 128+N), a crash, SIGKILL — the pipe reaches EOF and
+the guard SIGKILLs the roots through pidfds (no PID reuse). A parent-death signal on the root would not do:
+CRIU restores it, and it then fires when `criu restore -d` exits.
 """
 
 from __future__ import annotations
@@ -24,11 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from .control.agent import JobDir, RunPhase, read_json
+from .errors import InputError
 from .fileio import write_json_atomic
 
 PR_SET_CHILD_SUBREAPER = 36
 STORE_FULL = "store-full"
+LOST_EXIT = 3  # the workload was stopped by a checkpoint that was not committed, and could not be restored
+# signals that would end the wrapper: it stops the workload first, then exits 128+N. Synchronous faults
+# (SEGV, BUS, FPE, ILL) cannot be handled from Python; the guard covers those like SIGKILL.
+_FATAL = tuple(s for s in signal.valid_signals() if s not in (
+    signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN,
+    signal.SIGTTOU, signal.SIGWINCH, signal.SIGURG, signal.SIGPIPE, signal.SIGUSR1, signal.SIGUSR2,
+    signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL))
 
 
 @dataclass
@@ -66,6 +83,65 @@ class WrapperConfig:
             restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0), **over)
 
 
+class Guard:
+    """Kills the registered workload roots when the wrapper is gone, however it went (see the module doc)."""
+
+    def __init__(self) -> None:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns
+            try:
+                os.close(w)
+                _guard(r)
+            finally:
+                os._exit(0)
+        os.close(r)
+        self.pid, self._w = pid, w
+
+    def watch(self, pid: int) -> None:
+        os.write(self._w, f"{pid}\n".encode())
+
+
+def _guard(r: int) -> None:
+    os.setsid()  # out of the wrapper's process group: Ctrl-C or `kill -- -PGID` must not end the guard first
+    for sig in (*_FATAL, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, r)
+    os.closerange(r + 1, 65536)
+    pidfds: list[int] = []
+    buf = b""
+    while chunk := os.read(r, 4096):
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for ln in lines:
+            with contextlib.suppress(OSError, ValueError):
+                pidfds.append(os.pidfd_open(int(ln)))
+    for fd in pidfds:  # EOF: the wrapper is gone
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+
+
+def _children() -> list[int]:
+    out: list[int] = []
+    for t in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (t / "children").read_text().split()]
+    return out
+
+
+def _pidns_root(pid: int) -> bool:
+    try:
+        for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if ln.startswith("NSpid:"):
+                return ln.split()[-1] == "1" and len(ln.split()) > 2
+    except OSError:
+        pass
+    return False
+
+
 def _subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -99,15 +175,31 @@ class Wrapper:
         self.pid: int | None = None  # the workload's root process (host PID)
         self.launcher: Any = None  # the Popen that started it (fresh start) - None after a restore
         self.exit_code: int | None = None
-        self.flags = {"scan": False, "term": False}
+        self.flags: dict[str, Any] = {"scan": False, "term": 0}
+        self.lost: str | None = None  # why the workload is gone without having exited (never report success)
+        self.guard: Guard | None = None
         self.last_ckpt_at: float | None = None
         self.started_at = time.time()
-        self._log = log or (lambda m: print(f"[gpudefrag run {cfg.workload_id}@{cfg.node}] {m}", file=sys.stderr,
-                                            flush=True))
+        self._emit = log or (lambda m: print(f"[gpudefrag run {cfg.workload_id}@{cfg.node}] {m}", file=sys.stderr,
+                                             flush=True))
+        self.heartbeat: Any = None
+        if cfg.heartbeat_every_s is not None or cfg.heartbeat_cron is not None:
+            from .policy.models import Heartbeat
+
+            self.heartbeat = Heartbeat(every_s=cfg.heartbeat_every_s, cron=cfg.heartbeat_cron, keep=cfg.keep)
         self._store: Any = None
         self._backend: Any = None
 
     # ------------------------------------------------------------------ plumbing
+    def _log(self, msg: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # stderr gone (the terminal hung up): keep working
+            self._emit(msg)
+
+    def _track(self, pid: int) -> None:
+        self.pid = pid
+        if self.guard is not None:
+            self.guard.watch(pid)
+
     @property
     def store(self) -> Any:
         if self._store is None:
@@ -185,7 +277,8 @@ class Wrapper:
         env = {**os.environ, "GPUDEFRAG_NODE_FILE": str(self.jd.node_file),
                "GPUDEFRAG_WORKLOAD_ID": self.cfg.workload_id}
         job = spawn_job(self.cfg.argv, stdout=self.jd.root / "workload.out", env=env, pidns=True)
-        self.pid, self.launcher = job.pid, job.popen
+        self.launcher = job.popen
+        self._track(job.pid)
         self._log(f"started {' '.join(self.cfg.argv)} (pid {self.pid})")
 
     def _restore(self, ckpt_id: str) -> str | None:
@@ -199,7 +292,8 @@ class Wrapper:
             return f"{e.reason}: {e.detail}"
         except OSError as e:
             return f"restore-failed: {e}"
-        self.pid, self.launcher = res.pid, None
+        self.launcher = None
+        self._track(res.pid)
         self.last_ckpt_at = time.time()
         return None
 
@@ -242,18 +336,30 @@ class Wrapper:
                     self._log(f"checkpointed {ckpt}; the workload is stopped, waiting to be requeued")
                     return served, True
             else:
+                if stop and not running and not self._adopt_restored():
+                    self.lost = f"checkpoint {rid} stopped the workload and was not committed ({code}: {detail})"
+                running = _alive(self.pid)
                 write_json_atomic(self.jd.response(rid), {"state": "failed", "reason": code, "detail": detail,
                                                            "still_running": running})
                 self._log(f"checkpoint {rid} failed: {code}: {detail}")
+                if self.lost:
+                    return served, False
         return served, False
 
-    def heartbeat_due(self, now: float) -> bool:
-        if self.cfg.heartbeat_every_s is None and self.cfg.heartbeat_cron is None:
-            return False
-        from .policy.models import Heartbeat
+    def _adopt_restored(self) -> bool:
+        """After a failed stopping checkpoint the checkpoint layer may have restored the workload in place from
+        its images: the new root (PID 1 of a fresh namespace) is re-parented to this subreaper. Take it on."""
+        skip = {self.guard.pid if self.guard else -1, self.launcher.pid if self.launcher else -1, self.pid}
+        for c in _children():
+            if c not in skip and _alive(c) and _pidns_root(c):
+                self.launcher = None
+                self._track(c)
+                self._log(f"the workload was restored in place (pid {c})")
+                return True
+        return False
 
-        hb = Heartbeat(every_s=self.cfg.heartbeat_every_s, cron=self.cfg.heartbeat_cron, keep=self.cfg.keep)
-        return hb.due(self.last_ckpt_at, now, self.started_at)
+    def heartbeat_due(self, now: float) -> bool:
+        return self.heartbeat is not None and self.heartbeat.due(self.last_ckpt_at, now, self.started_at)
 
     # ------------------------------------------------------------------ the loop
     def _reap(self) -> None:
@@ -298,15 +404,59 @@ class Wrapper:
                 time.sleep(0.02)
         self._reap()
 
+    def _kill_strays(self) -> None:
+        """Whatever else was re-parented to this subreaper (a launcher, an orphan of the workload) goes too."""
+        guard = self.guard.pid if self.guard else -1
+        for c in _children():
+            if c != guard:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c, signal.SIGKILL)
+        self._reap()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.flags["term"] = self.flags["term"] or signum
+
+    def _forward(self, signum: int, frame: object) -> None:
+        """SIGUSR1 is the SDK's checkpoint signal: the workload's (a namespace's PID 1 ignores it without a
+        handler, so this never kills it)."""
+        if _alive(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)  # type: ignore[arg-type]
+
     def run(self) -> int:
+        """Run the workload to its end; the exit code is its own, 128+N after signal N, LOST_EXIT when a
+        checkpoint stopped it without committing. No path out of here leaves the workload running."""
         signal.signal(signal.SIGUSR2, lambda *_: self.flags.__setitem__("scan", True))
-        signal.signal(signal.SIGTERM, lambda *_: self.flags.__setitem__("term", True))
+        signal.signal(signal.SIGUSR1, self._forward)
+        for sig in _FATAL:
+            signal.signal(sig, self._on_signal)
+        self.guard = Guard()
+        try:
+            return self._run()
+        except Exception as e:
+            self._log(f"wrapper failed: {type(e).__name__}: {e}; stopping the workload")
+            with contextlib.suppress(Exception):
+                self.status(RunPhase.EXITED, reason=f"wrapper failed: {e}")
+            return 1
+        finally:
+            self.stop_workload()
+            self._kill_strays()
+
+    def _run(self) -> int:
         self.start()
         stopped = False
         while True:
             if self.flags["term"]:
+                sig = int(self.flags["term"])
+                self._log(f"got {signal.Signals(sig).name}: stopping the workload")
                 self.stop_workload()
-                return 143
+                if not stopped:  # a requeue after a move's checkpoint ends us too: `checkpointed` must stay
+                    self.status(RunPhase.EXITED, exit_code=128 + sig, reason=f"wrapper got {signal.Signals(sig).name}")
+                return 128 + sig
+            if self.lost:
+                self.status(RunPhase.EXITED, exit_code=LOST_EXIT, reason=self.lost)
+                self._log(f"workload lost: {self.lost}")
+                return LOST_EXIT
             if stopped:  # dumped for a move: wait to be requeued (the job must not end now)
                 time.sleep(self.cfg.poll_s)
                 continue
@@ -330,7 +480,11 @@ class Wrapper:
 
 
 def run_wrapped(argv: Sequence[str], *, json_log: bool = False, **over: Any) -> int:
+    """Check what can be checked before anything starts (the key exists, the schedule can fire), then run."""
+    from .checkpoint.keys import load_key
+
     cfg = WrapperConfig.from_env(argv, **over)
+    load_key(cfg.key_path, create=False)  # a missing key is an error here: only `checkpoint` creates one
     log = None
     if json_log:
         import json
@@ -339,4 +493,9 @@ def run_wrapped(argv: Sequence[str], *, json_log: bool = False, **over: Any) -> 
             print(json.dumps({"at": time.time(), "workload": cfg.workload_id, "node": cfg.node, "event": msg}),
                   file=sys.stderr, flush=True)
 
-    return Wrapper(cfg, log).run()
+    try:
+        w = Wrapper(cfg, log)
+    except ValidationError as e:  # a heartbeat schedule that cannot work: refused before anything starts
+        err = e.errors()[0]
+        raise InputError("gpudefrag run", "heartbeat." + ".".join(map(str, err["loc"])), err["msg"]) from None
+    return w.run()

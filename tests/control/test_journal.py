@@ -3,14 +3,19 @@ states final, and the history contract the dashboard reads."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from gpudefrag.control.journal import Journal, MigrationState
+from gpudefrag.control.journal import Journal, JournalError, MigrationState
 
 
 def test_wal_and_full_sync(tmp_path: Path) -> None:
@@ -56,3 +61,206 @@ def test_events_and_history_limits(tmp_path: Path) -> None:
     assert [x["workload_id"] for x in h] == ["w4", "w3"]
     assert h[0]["steps"] == [{"state": "planned", "at": h[0]["created_at"], "detail": ""}]
     assert j.events(1)[0]["kind"] == "defer" and j.events(1)[0]["detail"]["workload"] == "w9"
+
+
+# ---------------------------------------------------------------------- hostile journal files
+GPUDEFRAG = [sys.executable, "-m", "gpudefrag.cli.main"]
+
+
+def _migrations(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GPUDEFRAG, "migrations", "--journal", str(path), "--json"], capture_output=True,
+                          text=True, timeout=60)
+
+
+def _controller(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    from gpudefrag.snapshot import save_snapshot
+
+    from .conftest import fragmented_state
+
+    snap = tmp / "snap.json"
+    if not snap.exists():
+        save_snapshot(snap, fragmented_state())
+    pol = Path(__file__).parents[2] / "examples" / "policies" / "observe-only.yaml"
+    return subprocess.run([*GPUDEFRAG, "controller", "--engine", "sim", "--snapshot", str(snap), "--policy",
+                           str(pol), "--journal", str(path), "--once"], capture_output=True, text=True, timeout=120)
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str]) -> None:
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _hostile(kind: str, tmp: Path) -> Path:
+    p = tmp / "journal.db"
+    if kind == "not-sqlite":
+        p.write_bytes(Path("/etc/passwd").read_bytes())
+    elif kind == "symlink":
+        real = tmp / "real.db"
+        Journal(real).create("w", "a", "b")
+        p.symlink_to(real)
+    elif kind == "directory":
+        p.mkdir()
+    elif kind == "dev-null":
+        p = Path("/dev/null")
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "empty":  # a journal that held migrations and lost its contents
+        j = Journal(p)
+        j.create("w", "a", "b")
+        j.close()
+        for extra in ("-wal", "-shm"):
+            Path(str(p) + extra).unlink(missing_ok=True)
+        p.write_bytes(b"")
+    elif kind == "truncated":
+        j = Journal(p)
+        for i in range(200):
+            j.create(f"w{i}", "a", "b", data={"pad": "x" * 500})
+        j._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        j.close()
+        data = p.read_bytes()
+        p.write_bytes(data[: len(data) // 2])
+    elif kind == "corrupt":
+        j = Journal(p)
+        for i in range(200):
+            j.create(f"w{i}", "a", "b", data={"pad": "x" * 500})
+        j._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        j.close()
+        data = bytearray(p.read_bytes())
+        for off in range(4096, len(data), 4096):  # scribble over every page but the header
+            data[off + 8: off + 40] = b"\xff" * 32
+        p.write_bytes(bytes(data))
+    elif kind == "foreign":
+        con = sqlite3.connect(p)
+        con.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        con.commit()
+        con.close()
+    elif kind == "foreign-migrations":  # someone else's table of the same name
+        con = sqlite3.connect(p)
+        con.execute("CREATE TABLE migrations (version TEXT, applied TEXT)")
+        con.commit()
+        con.close()
+    return p
+
+
+KINDS = ["not-sqlite", "symlink", "directory", "dev-null", "fifo", "empty", "truncated", "corrupt", "foreign",
+         "foreign-migrations"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_hostile_journal_is_one_line_and_changes_nothing(tmp_path: Path, kind: str) -> None:
+    p = _hostile(kind, tmp_path)
+    before = sorted((q.name, q.lstat().st_size, q.lstat().st_mtime_ns) for q in tmp_path.iterdir())
+    null_before = os.stat("/dev/null")
+    r = _migrations(p)
+    _one_line_error(r)
+    after = sorted((q.name, q.lstat().st_size, q.lstat().st_mtime_ns) for q in tmp_path.iterdir())
+    assert after == before  # read-only: nothing created, nothing changed
+    _one_line_error(_controller(p, tmp_path))  # the controller refuses too (it creates one only where none is)
+    assert os.stat("/dev/null").st_mode == null_before.st_mode
+
+
+def test_migrations_never_writes_a_good_journal(tmp_path: Path) -> None:
+    p = tmp_path / "j.db"
+    j = Journal(p)
+    j.create("w", "a", "b")
+    j.close()
+    os.chmod(p, 0o444)
+    before = {q.name: q.read_bytes() for q in tmp_path.iterdir()}
+    r = _migrations(p)
+    assert r.returncode == 0, r.stderr
+    assert '"workload_id": "w"' in r.stdout
+    assert {q.name: q.read_bytes() for q in tmp_path.iterdir()} == before
+    assert _migrations(tmp_path / "absent.db").returncode != 0
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_lock_held_by_another_process_is_one_line(tmp_path: Path) -> None:
+    p = tmp_path / "j.db"
+    with Journal(p) as j:
+        j.create("w", "a", "b")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "c.execute('PRAGMA locking_mode=EXCLUSIVE'); c.execute('BEGIN EXCLUSIVE'); "
+        "c.execute('SELECT * FROM migrations').fetchall(); print('held', flush=True); time.sleep(120)"), str(p)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for r in (_migrations(p), _controller(p, tmp_path)):
+            _one_line_error(r)
+            assert "lock" in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _migrations(p).returncode == 0  # and nothing was lost
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_in_flight_migration(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
+    try:
+        p = mnt / "j.db"
+        j = Journal(p)
+        m = j.create("w", "a", "b")
+        j.transition(m.id, MigrationState.CHECKPOINTING, detail="asked")
+        filler = mnt / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as f:  # fill the disk to the last block
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        with pytest.raises(JournalError) as ei:
+            j.transition(m.id, MigrationState.CHECKPOINTED, data={"pad": "x" * 200_000})
+        assert "full" in str(ei.value) and "\n" not in str(ei.value)
+        j.close()
+        r = _controller(p, tmp_path)
+        _one_line_error(r)
+        filler.unlink()
+        j2 = Journal(p)  # the disk is freed: a restart finds the migration where it was
+        assert [(x.id, x.state) for x in j2.active()] == [(m.id, MigrationState.CHECKPOINTING)]
+        j2.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+_GOOD: dict[str, bytes] = {}
+
+
+def _good_journal() -> bytes:
+    """The bytes of a checkpointed journal with some history (built once)."""
+    if "b" not in _GOOD:
+        with tempfile.TemporaryDirectory() as d:
+            j = Journal(Path(d) / "j.db")
+            for i in range(30):
+                m = j.create(f"w{i}", "a", "b", data={"i": i})
+                j.transition(m.id, MigrationState.CHECKPOINTING, detail="x" * (i * 10))
+            j._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            j.close()
+            _GOOD["b"] = (Path(d) / "j.db").read_bytes()
+    return _GOOD["b"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cut=st.integers(min_value=0, max_value=1 << 20), flips=st.lists(
+    st.tuples(st.integers(min_value=0, max_value=1 << 20), st.integers(min_value=1, max_value=255)), max_size=8),
+    junk=st.binary(max_size=64), readonly=st.booleans())
+def test_any_damage_is_a_journal_or_one_journal_error(cut: int, flips: list[tuple[int, int]], junk: bytes,
+                                                      readonly: bool) -> None:
+    data = bytearray(_good_journal())
+    data = data[: cut % (len(data) + 1)] + junk
+    for off, x in flips:
+        if data:
+            data[off % len(data)] ^= x
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "j.db"
+        p.write_bytes(bytes(data))
+        try:
+            with Journal(p, readonly=readonly) as j:
+                j.history(50)
+                j.active()
+        except JournalError as e:
+            assert "\n" not in str(e) and str(p) in str(e)
+        if readonly:
+            assert p.read_bytes() == bytes(data) and sorted(os.listdir(d)) == ["j.db"]

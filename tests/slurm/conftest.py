@@ -165,6 +165,9 @@ def slurm() -> Iterator[Cluster]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     c = Cluster(root, {**os.environ, "SLURM_CONF": conf})
+    from gpudefrag.checkpoint.keys import load_key
+
+    load_key(c.key, create=True)  # the operator's `keys init`: wrappers refuse to run without the key
     try:
         yield c
     finally:

@@ -1,9 +1,12 @@
 """The job wrapper (`gpudefrag run`) on its own, with real CRIU and no scheduler: heartbeat checkpoints while
 the workload runs, a request file answered (USR2 hurries it), restore by ticket after a stop, and a refused
-ticket cold-starting with its reason recorded."""
+ticket cold-starting with its reason recorded. And the containment guarantee: whatever happens to the wrapper
+(any signal, SIGKILL, a checkpoint that stopped the workload without committing) no workload process outlives
+it, and it never reports success for a workload it lost."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpudefrag.checkpoint.keys import load_key
 from gpudefrag.checkpoint.store import CheckpointStore
 from gpudefrag.control.agent import FileAgent, JobDir, Ticket
 
@@ -29,12 +33,17 @@ def env(tmp_path: Path):  # type: ignore[no-untyped-def]
         pytest.skip("needs root and CRIU")
     d = {"GPUDEFRAG_RUN_DIR": str(tmp_path / "run"), "GPUDEFRAG_STORE": str(tmp_path / "store"),
          "GPUDEFRAG_KEY": str(tmp_path / "key"), "SLURMD_NODENAME": "nodeA"}
-    return {**os.environ, **d}
+    load_key(tmp_path / "key", create=True)  # the wrapper never creates a key: a missing one is an error
+    yield {**os.environ, **d}
+    for pid in live_with(tmp_path):  # a failing test must not leave workloads behind either
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
-def start(env: dict[str, str], wid: str, log: Path, *extra: str, node: str = "nodeA") -> subprocess.Popen[str]:
-    return subprocess.Popen([GPUDEFRAG, "run", "--workload-id", wid, *extra, "--", sys.executable,
-                             str(HERE / "workload.py"), "--log", str(log), "--period", "0.1"],
+def start(env: dict[str, str], wid: str, log: Path, *extra: str, node: str = "nodeA",
+          cmd: list[str] | None = None) -> subprocess.Popen[str]:
+    cmd = cmd or [sys.executable, str(HERE / "workload.py"), "--log", str(log), "--period", "0.1"]
+    return subprocess.Popen([GPUDEFRAG, "run", "--workload-id", wid, *extra, "--", *cmd],
                             env={**env, "SLURMD_NODENAME": node}, stderr=subprocess.PIPE, text=True)
 
 
@@ -83,6 +92,7 @@ def test_heartbeat_checkpoints_keep_the_workload_running(env: dict[str, str], tm
 
 
 def live_with(log: Path) -> list[int]:
+    """Live processes whose command line mentions `log` (the workload, a shell script running it, ...)."""
     out = []
     for q in Path("/proc").iterdir():
         try:
@@ -144,3 +154,149 @@ def test_request_stop_restore_by_ticket_and_refused_ticket(env: dict[str, str], 
         stop(p3)
     handled = json.loads((JobDir(run_dir, "mv").root / "handled.json").read_text())["tickets"]
     assert handled == ["t1", "t2"]
+
+
+def shebang_script(tmp_path: Path, log: Path) -> Path:
+    """`./train.sh`: the process shows as /bin/bash, with the real work in a child."""
+    sh = tmp_path / "train.sh"
+    sh.write_text(f"#!/bin/bash\n{sys.executable} {HERE / 'workload.py'} --log {log} --period 0.1\n")
+    sh.chmod(0o755)
+    return sh
+
+
+def gone(log: Path, timeout: float = 5) -> bool:
+    end = time.time() + timeout
+    while live_with(log):
+        if time.time() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_shebang_script_runs_checkpoints_and_is_taken_along(env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "sh.log"
+    p = start(env, "sh", log, "--heartbeat-every", "1", cmd=[str(shebang_script(tmp_path, log))])
+    store = CheckpointStore(Path(env["GPUDEFRAG_STORE"]), Path(env["GPUDEFRAG_KEY"]))
+    wait(lambda: len(store.list("sh")) >= 1, timeout=25)  # the start-up check found the script's process
+    assert p.poll() is None
+    n = len(steps(log))
+    wait(lambda: len(steps(log)) >= n + 3)  # a leave-running dump of bash and its child keeps it going
+    assert store.verify(store.list("sh")[0]["id"]).ok
+    err = stop(p)
+    assert p.returncode == 143, err
+    assert gone(log), live_with(log)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGALRM,
+                                 signal.SIGKILL])
+def test_no_signal_leaves_the_workload_behind(env: dict[str, str], tmp_path: Path, sig: int) -> None:
+    log = tmp_path / "sig.log"
+    p = start(env, "sig", log, cmd=[str(shebang_script(tmp_path, log))])
+    wait(lambda: len(steps(log)) >= 3)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode != 0, err  # the job did not complete
+    if sig != signal.SIGKILL:
+        assert p.returncode == 128 + sig, err  # handled: the workload stopped first, then the wrapper
+        assert "Traceback" not in err
+    assert gone(log), f"{signal.Signals(sig).name} left {live_with(log)} running"
+
+
+def test_usr1_is_passed_to_the_workload_not_fatal(env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "u1.log"
+    p = start(env, "u1", log, cmd=[str(shebang_script(tmp_path, log))])
+    wait(lambda: len(steps(log)) >= 3)
+    p.send_signal(signal.SIGUSR1)  # the SDK's checkpoint signal: the workload's business, not the wrapper's
+    n = len(steps(log))
+    wait(lambda: len(steps(log)) >= n + 3)
+    assert p.poll() is None
+    p.kill()
+    p.communicate(timeout=20)
+    assert gone(log), live_with(log)
+
+
+def test_sigkill_after_a_restore_takes_the_restored_workload_along(env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "rk.log"
+    run_dir = Path(env["GPUDEFRAG_RUN_DIR"])
+    agent = FileAgent(run_dir, CheckpointStore(Path(env["GPUDEFRAG_STORE"]), Path(env["GPUDEFRAG_KEY"])))
+    p = start(env, "rk", log)
+    wait(lambda: len(steps(log)) >= 3)
+    agent.request_checkpoint("rk", "r1", stop=True)
+    p.send_signal(signal.SIGUSR2)
+    wait(lambda: agent.checkpoint_status("rk", "r1").state.value != "pending")
+    st = agent.checkpoint_status("rk", "r1")
+    assert st.state.value == "ok"
+    p.kill()
+    p.communicate(timeout=20)
+    agent.set_ticket("rk", Ticket("t1", st.ckpt_id, "move"))
+    p2 = start(env, "rk", log, node="nodeB")
+    at = len(steps(log))
+    wait(lambda: len(steps(log)) >= at + 3)
+    assert agent.run_status("rk").phase.value == "restored"  # type: ignore[union-attr]
+    p2.kill()  # SIGKILL: no handler runs; the restored tree must still go
+    p2.communicate(timeout=20)
+    assert gone(log), live_with(log)
+
+
+def test_a_cron_that_never_fires_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "cr.log"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("action:\n  heartbeat: {cron: '0 0 30 2 *'}\n")  # 30 February
+    p = start(env, "cr", log, "--policy", str(policy))
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 2, err
+    assert "Traceback" not in err and "cron" in err and len(err.strip().splitlines()) == 1
+    assert not log.exists()  # refused before anything started
+
+
+def test_a_missing_key_is_an_error_not_a_new_key(env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "k.log"
+    p = start({**env, "GPUDEFRAG_KEY": str(tmp_path / "nokey")}, "k", log)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 2 and "key" in err and "Traceback" not in err, err
+    assert not (tmp_path / "nokey").exists() and not log.exists()
+
+
+def _inodes(path: Path) -> tuple[int, int]:
+    st = os.statvfs(path)
+    return st.f_files - st.f_ffree, st.f_files
+
+
+def test_a_stop_without_a_committed_checkpoint_never_ends_the_job_as_done(env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    """The dump stops the workload, then the manifest finds the store full (its own tmpfs, out of inodes):
+    the wrapper restores the workload in place or ends non-zero with the reason — never exit 0."""
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m,nr_inodes=4096", "tmpfs", str(small)], check=True)
+    try:
+        env = {**env, "GPUDEFRAG_STORE": str(small / "store")}
+        log = tmp_path / "full.log"
+        agent = FileAgent(Path(env["GPUDEFRAG_RUN_DIR"]), CheckpointStore(small / "store", Path(env["GPUDEFRAG_KEY"])))
+        p = start(env, "full", log)
+        wait(lambda: len(steps(log)) >= 3)
+        agent.request_checkpoint("full", "r1", stop=False)  # one checkpoint: how many inodes one takes
+        wait(lambda: agent.checkpoint_status("full", "r1").state.value != "pending")
+        r1 = agent.checkpoint_status("full", "r1")
+        assert r1.state.value == "ok"
+        used, _ = _inodes(small)
+        one = 1 + sum(1 for _ in (small / "store" / str(r1.ckpt_id)).rglob("*"))
+        subprocess.run(["mount", "-o", f"remount,nr_inodes={used + one - 1}", str(small)], check=True)
+        agent.request_checkpoint("full", "r2", stop=True)  # room for the images, not for the manifest
+        wait(lambda: agent.checkpoint_status("full", "r2").state.value != "pending")
+        st = agent.checkpoint_status("full", "r2")
+        assert st.state.value == "failed"
+        time.sleep(1.0)
+        if p.poll() is None:  # restored in place: it must really run on, and be taken along at the end
+            n = len(steps(log))
+            wait(lambda: len(steps(log)) >= n + 3)
+            err = stop(p)
+        else:
+            _, err = p.communicate(timeout=20)
+            assert p.returncode not in (0, None), err
+            rs = agent.run_status("full")
+            assert rs is not None and "not committed" in rs.reason, rs  # the reason, for the operator
+            assert "not committed" in err, err
+        assert gone(log), live_with(log)
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

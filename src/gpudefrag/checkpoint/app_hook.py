@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..job import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, META
+from ..job import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, META, checkpoint_signal
 from .jobfiles import check_owner, copy_tree, opened_dir, process_owner, tree_bytes
 from .protocol import (
     CHECKPOINT_FAILED,
@@ -136,10 +136,7 @@ class AppHookBackend:
         except (FileNotFoundError, ProcessLookupError):
             raise CheckpointError(CHECKPOINT_FAILED, f"no process with PID {pid}") from None
         spool = self._spool_of(pid, env, cwd)
-        try:
-            sig = int(env.get(ENV_SIGNAL, self.signum))
-        except ValueError:
-            sig = int(self.signum)
+        sig = checkpoint_signal(env.get(ENV_SIGNAL), self.signum)
         before = _entries(spool)
         last = before[-1] if before else ""
         t0 = time.perf_counter()

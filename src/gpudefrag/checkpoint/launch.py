@@ -65,7 +65,7 @@ def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, 
             os.close(err)
     pid = p.pid
     if prefix:
-        pid = _job_pid(p, argv[0], timeout)
+        pid = _job_pid(p, [*prefix, *argv], len(prefix), timeout)
     return Job(pid=pid, popen=p, stdout=stdout, stderr=stderr, pidns=pidns, netns=netns)
 
 
@@ -76,18 +76,20 @@ def _need(tool: str) -> str:
     return path
 
 
-def _job_pid(p: subprocess.Popen[bytes], exe: str, timeout: float) -> int:
-    """The launcher (nsenter/unshare) execs or forks: follow children until the process running `exe`."""
-    name = Path(exe).name
+def _job_pid(p: subprocess.Popen[bytes], full: list[str], n_prefix: int, timeout: float) -> int:
+    """The launcher (nsenter/unshare/setsid) execs or forks: follow children to the first process that is no
+    longer a launcher stage (whose command line is not `full[i:]` for a launcher position i). Matching on what
+    the job *is* would fail for a shebang script, which shows as its interpreter."""
+    stages = [[a.encode() for a in full[i:]] for i in range(n_prefix)]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pid = p.pid
-        for _ in range(4):
+        for _ in range(n_prefix + 1):
             try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
             except FileNotFoundError:
                 break
-            if Path(cmd).name == name:
+            if cmd and cmd not in stages:
                 return pid
             try:
                 kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -97,9 +99,10 @@ def _job_pid(p: subprocess.Popen[bytes], exe: str, timeout: float) -> int:
                 break
             pid = int(kids[0])
         if p.poll() is not None:
-            raise CheckpointError(UNAVAILABLE, f"job launcher exited with {p.returncode} before {name} started")
-        time.sleep(0.02)
-    raise CheckpointError(UNAVAILABLE, f"{name} did not start within {timeout} s")
+            raise CheckpointError(UNAVAILABLE, f"job launcher exited with {p.returncode} before {full[n_prefix]} "
+                                  "started")
+        time.sleep(0.01)
+    raise CheckpointError(UNAVAILABLE, f"{full[n_prefix]} did not start within {timeout} s")
 
 
 def process_tree(pid: int) -> list[int]:

@@ -164,9 +164,7 @@ def migrations(
     from ..control.journal import Journal
 
     path = _journal_path(journal)
-    if not path.exists():
-        raise fail(f"{path}: no journal here (give --journal)")
-    hist = Journal(path).history(limit)
+    hist = Journal(path, readonly=True).history(limit)  # read-only: never creates or changes a file
     if json_out:
         emit_json({"journal": str(path), "migrations": hist})
         return

@@ -3,20 +3,33 @@
 The executor writes every transition here *before* it acts on it; a restarted controller reads the
 non-terminal migrations back and resumes or rolls each one back. The dashboard reads `history()` from another
 process at the same time (WAL lets readers and the one writer proceed together).
+
+The journal is the only record of migrations in flight, so opening it is strict: only a regular file that is
+this journal (never a link, a directory, a device, a FIFO, someone else's SQLite file, a corrupt or truncated
+one, or an empty file that used to be a journal — SQLite would silently start over on it). Anything else, a lock
+held by another process or a full disk is a `JournalError`: one line, and nothing changed. A failed write rolls
+back, so the migration stays at its last durable state and a restart resumes it. `readonly=True` (the
+`migrations` command) opens with SQLite's mode=ro and never creates or changes a file.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
+import stat
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from ..errors import GpudefragError
 
 
 class MigrationState(StrEnum):
@@ -68,6 +81,87 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
+_COLUMNS = {"migrations": {"id", "workload_id", "source", "target", "state", "reason", "data", "created_at",
+                           "updated_at"},
+            "steps": {"id", "migration_id", "state", "at", "detail"},
+            "events": {"id", "at", "kind", "detail"}}
+_HEADER = b"SQLite format 3\x00"
+LOCK_WAIT_S = 2.0  # how long opening waits for another process's lock before saying so
+
+
+class JournalError(GpudefragError):
+    """The journal cannot be used: one line naming the file and why. Exit 1 when waiting may help (a lock, a
+    full disk), 2 when the file itself is wrong."""
+
+    def __init__(self, path: Path, message: str, *, transient: bool = False) -> None:
+        self.exit_code = 1 if transient else 2
+        super().__init__(f"{path}: journal: {message}")
+
+
+def _explain(path: Path, e: BaseException) -> JournalError:
+    text = str(e)
+    low = text.lower()
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "disk is full" in low:
+        return JournalError(path, f"the disk is full ({text}); nothing was written, free space and restart",
+                            transient=True)
+    if "locked" in low or "busy" in low:
+        return JournalError(path, f"locked by another process ({text})", transient=True)
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return JournalError(path, f"corrupt or not an SQLite database ({text})")
+    if "readonly" in low or "read-only" in low:
+        return JournalError(path, f"cannot be written ({text})")
+    return JournalError(path, text)
+
+
+def _precheck(path: Path, *, readonly: bool) -> bool:
+    """Refuse what must not be opened as the journal; True when this call created a new, empty one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if readonly:
+            raise JournalError(path, "no journal here") from None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        except OSError as e:
+            raise _explain(path, e) from None
+        return True
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise JournalError(path, "is a symbolic link; refusing to follow it") from None
+        raise JournalError(path, f"cannot open: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket"
+            raise JournalError(path, f"is {kind}, not a journal file")
+        if st.st_size == 0:
+            raise JournalError(path, "is empty: a journal that lost its contents? Refusing to start over on it "
+                               "(move it away to start a new journal)")
+        head = os.read(fd, 100)
+    finally:
+        os.close(fd)
+    if not head.startswith(_HEADER):
+        raise JournalError(path, "is not an SQLite database")
+    if len(head) < 100:
+        raise JournalError(path, "is truncated (shorter than an SQLite header)")
+    return False
+
+
+def _side_files(path: Path) -> bool:
+    """Whether SQLite's -wal/-shm files exist beside the journal (refused when they are not regular files)."""
+    found = False
+    for suffix in ("-wal", "-shm"):
+        try:
+            st = os.lstat(f"{path}{suffix}")
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise JournalError(path, f"{path.name}{suffix} is not a regular file; refusing to use it")
+        found = True
+    return found
+
+
 @dataclass(frozen=True)
 class Migration:
     id: int
@@ -99,18 +193,67 @@ class Journal:
     """One SQLite file. Safe to share between threads of one process (a lock serialises writers)."""
 
     def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time,
-                 on_write: Callable[[Migration], None] | None = None) -> None:
+                 on_write: Callable[[Migration], None] | None = None, readonly: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.clock = clock
         self.on_write = on_write  # called after each transition is durable (fault-injection tests hook here)
+        self.readonly = readonly
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        created = _precheck(self.path, readonly=readonly)
+        _side_files(self.path)
+        ident = os.stat(self.path, follow_symlinks=False)
+        try:
+            if readonly:
+                # no -wal/-shm: nothing is writing and all is in the main file; immutable keeps SQLite from
+                # creating a -shm beside it. A live writer's WAL is read through the shared index it made.
+                side = _side_files(self.path)
+                uri = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode=ro{'' if side else '&immutable=1'}"
+                self._db = sqlite3.connect(uri, uri=True, timeout=LOCK_WAIT_S, isolation_level=None,
+                                           check_same_thread=False)
+            else:
+                self._db = sqlite3.connect(str(self.path), timeout=LOCK_WAIT_S, isolation_level=None,
+                                           check_same_thread=False)
+        except sqlite3.Error as e:
+            raise _explain(self.path, e) from None
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # every commit fsyncs the WAL
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._setup(created)
+            now = os.stat(self.path, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) != (ident.st_dev, ident.st_ino):
+                raise JournalError(self.path, "was replaced while being opened")
+        except sqlite3.Error as e:
+            self._db.close()
+            raise _explain(self.path, e) from None
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _setup(self, created: bool) -> None:
+        db = self._db
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                                           "'sqlite_%'")}
+        if tables or not created:
+            missing = [t for t in _COLUMNS if t not in tables]
+            if missing:
+                raise JournalError(self.path, f"is an SQLite file but not a gpudefrag journal (no {missing[0]} "
+                                   "table)")
+            for t, cols in _COLUMNS.items():
+                have = {r[1] for r in db.execute(f"PRAGMA table_info({t})")}
+                if not cols <= have:
+                    raise JournalError(self.path, f"is not a gpudefrag journal (table {t} lacks "
+                                       f"{', '.join(sorted(cols - have))})")
+            check = str(db.execute("PRAGMA quick_check(1)").fetchone()[0])
+            if check != "ok":
+                raise JournalError(self.path, f"is corrupt ({check.splitlines()[0][:200]})")
+        if self.readonly:
+            return
+        if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+            raise JournalError(self.path, "cannot switch to WAL mode (locked by another process?)", transient=True)
+        db.execute("PRAGMA synchronous=FULL")  # every commit fsyncs the WAL
+        db.executescript(_SCHEMA)
+        db.execute("BEGIN IMMEDIATE")  # another writer holding the lock: say so now, not mid-migration
+        db.execute("COMMIT")
+        db.execute("PRAGMA busy_timeout=30000")  # from here on, wait out the dashboard's short reads
 
     def close(self) -> None:
         self._db.close()
@@ -123,14 +266,29 @@ class Journal:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; an SQLite failure (disk full, lock, corruption) rolls back and is a JournalError."""
+        if self.readonly:
+            raise JournalError(self.path, "opened read-only")
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise _explain(self.path, e) from None
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+            except sqlite3.Error as e:
+                raise _explain(self.path, e) from None
 
     # ------------------------------------------------------------------ writing
     def create(self, workload_id: str, source: str, target: str, *, reason: str = "",
@@ -190,8 +348,8 @@ class Journal:
                          created_at=r["created_at"], updated_at=r["updated_at"])
 
     def get(self, mid: int) -> Migration:
-        with self._lock:
-            r = self._db.execute("SELECT * FROM migrations WHERE id = ?", (mid,)).fetchone()
+        with self._read() as db:
+            r = db.execute("SELECT * FROM migrations WHERE id = ?", (mid,)).fetchone()
         if r is None:
             raise KeyError(f"no migration {mid}")
         return self._row(r)
@@ -199,31 +357,31 @@ class Journal:
     def active(self) -> list[Migration]:
         """Migrations not yet in a terminal state, oldest first."""
         marks = ",".join("?" * len(TERMINAL))
-        with self._lock:
-            rows = self._db.execute(f"SELECT * FROM migrations WHERE state NOT IN ({marks}) ORDER BY id",
+        with self._read() as db:
+            rows = db.execute(f"SELECT * FROM migrations WHERE state NOT IN ({marks}) ORDER BY id",
                                     tuple(s.value for s in TERMINAL)).fetchall()
         return [self._row(r) for r in rows]
 
     def all(self) -> list[Migration]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM migrations ORDER BY id").fetchall()
+        with self._read() as db:
+            rows = db.execute("SELECT * FROM migrations ORDER BY id").fetchall()
         return [self._row(r) for r in rows]
 
     def started_since(self, since: float) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM migrations WHERE created_at >= ?",
+        with self._read() as db:
+            return int(db.execute("SELECT COUNT(*) FROM migrations WHERE created_at >= ?",
                                         (since,)).fetchone()[0])
 
     def steps(self, mid: int) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT state, at, detail FROM steps WHERE migration_id = ? ORDER BY id",
+        with self._read() as db:
+            rows = db.execute("SELECT state, at, detail FROM steps WHERE migration_id = ? ORDER BY id",
                                     (mid,)).fetchall()
         return [{"state": r["state"], "at": r["at"], "detail": r["detail"]} for r in rows]
 
     def history(self, limit: int = 100) -> list[dict[str, Any]]:
         """The newest `limit` migrations, newest first, each with its steps (the dashboard's view)."""
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM migrations ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        with self._read() as db:
+            rows = db.execute("SELECT * FROM migrations ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
         out = []
         for r in rows:
             m = self._row(r)
@@ -233,7 +391,7 @@ class Journal:
         return out
 
     def events(self, limit: int = 100) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT at, kind, detail FROM events ORDER BY id DESC LIMIT ?",
+        with self._read() as db:
+            rows = db.execute("SELECT at, kind, detail FROM events ORDER BY id DESC LIMIT ?",
                                     (limit,)).fetchall()
         return [{"at": r["at"], "kind": r["kind"], "detail": json.loads(r["detail"])} for r in rows]

@@ -56,6 +56,16 @@ class PendingTrigger(_Strict):
     min_gpus: Annotated[int, Field(ge=1)] = 1  # only requests at least this large
 
 
+def _fires(cron: str | None) -> str | None:
+    """A valid cron expression that can never fire ('0 0 30 2 *') would fail every later evaluation."""
+    if cron is not None:
+        try:
+            croniter(cron, datetime(2000, 1, 1)).get_next(float)  # a leap year: '29 2' fires
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"cron expression {cron!r} never fires") from e
+    return cron
+
+
 class Trigger(_Strict):
     pending: PendingTrigger | None = PendingTrigger()
     fragmentation_above: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
@@ -67,7 +77,7 @@ class Trigger(_Strict):
     def _cron_ok(cls, v: str | None) -> str | None:
         if v is not None and not croniter.is_valid(v):
             raise ValueError(f"not a cron expression: {v!r} (five fields, e.g. '*/15 * * * *')")
-        return v
+        return _fires(v)
 
     def cron_due(self, last: float | None, now: float) -> bool:
         """True when a cron fire time lies in (last, now]; the first evaluation only arms the schedule."""
@@ -135,7 +145,7 @@ class Heartbeat(_Strict):
     def _cron_ok(cls, v: str | None) -> str | None:
         if v is not None and not croniter.is_valid(v):
             raise ValueError(f"not a cron expression: {v!r}")
-        return v
+        return _fires(v)
 
     @model_validator(mode="after")
     def _one(self) -> Heartbeat:

@@ -190,7 +190,7 @@ def read_journal(path: Path | None, limit: int = 100) -> tuple[list[dict[str, An
     from ..control.journal import Journal
 
     try:
-        j = Journal(path)
+        j = Journal(path, readonly=True)  # the dashboard never writes (or creates) the journal
         try:
             rows = j.history(limit=limit)
         finally:
