@@ -149,6 +149,9 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
     # start from the node configurations of a greedy packing, so the master's duals mean something at once
     cols, packed = _seed_columns(types, shapes, d)  # (type index, {shape index: count})
     seen = {(ti, tuple(sorted(col.items()))) for ti, col in cols}
+    # pricing relaxes "distinct GPUs" for multi-GPU pods with a share below 1000 (none in the traces): its
+    # columns are then not necessarily real nodes' contents
+    real = all(s.num_gpu == 1 or s.gpu_milli >= MILLI for s in shapes)
     best_l = pooled
     center = pi_pooled  # the pooled LP's prices: a good first point for the Lagrangian and the stabilisation
     master, mu = 0.0, np.zeros(len(types))
@@ -158,7 +161,10 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
     converged = False
     while True:
         it += 1
-        master, pi_lp, mu = _solve_master(cols, len(shapes), len(types), w, d, n_t)
+        master, pi_lp, mu, lam = _solve_master(cols, len(shapes), len(types), w, d, n_t)
+        if real:  # ⌊λ⌋ nodes of each type take configuration j: a real placement (every column is one node's)
+            packed = max(packed, int(sum(math.floor(lam[j] + 1e-9) * sum(w[s] * k for s, k in col.items())
+                                         for j, (_, col) in enumerate(cols))))
         pi = pi_lp if alpha == 0.0 else alpha * center + (1.0 - alpha) * pi_lp
         total = float(pi @ d)
         new = 0
@@ -304,9 +310,9 @@ def _seed_columns(types: Sequence[NodeType], shapes: Sequence[Shape],
 
 
 def _solve_master(cols: list[tuple[int, dict[int, int]]], n_s: int, n_types: int, w: np.ndarray, d: np.ndarray,
-                  n_t: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+                  n_t: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
     """max Σ v_j λ_j s.t. Σ a_sj λ_j ≤ d_s, Σ_{j of type t} λ_j ≤ N_t, λ ≥ 0 → (value, shape prices π ≥ 0,
-    node-type prices μ ≥ 0)."""
+    node-type prices μ ≥ 0, λ)."""
     rows, cidx, vals = [], [], []
     c = np.empty(len(cols))
     for j, (ti, col) in enumerate(cols):
@@ -323,7 +329,7 @@ def _solve_master(cols: list[tuple[int, dict[int, int]]], n_s: int, n_types: int
     if res.status != 0:
         raise RuntimeError(f"master LP failed: {res.message}")
     duals = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
-    return -float(res.fun), duals[:n_s], duals[n_s:]
+    return -float(res.fun), duals[:n_s], duals[n_s:], np.asarray(res.x)
 
 
 class _Pricer:
