@@ -142,12 +142,12 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
     n_t = np.array([t.count for t in types], dtype=float)
     if not shapes:
         return ResourceBound(gpus, 0.0, 0.0, 0.0, 0.0, True, 0, 0, len(types), 0, time.monotonic() - t0, arrived)
-    pooled, pi_pooled = _compact_lp(types, shapes, d, w)
+    pooled, pi_pooled, split = _compact_lp(types, shapes, d, w)
     pricers = [_Pricer(t, shapes, d, pricing_time_s) for t in types]
     step = math.gcd(*(int(x) for x in w))  # every real allocation is a multiple of this
 
     # start from the node configurations of a greedy packing, so the master's duals mean something at once
-    cols, packed = _seed_columns(types, shapes, d)  # (type index, {shape index: count})
+    cols, packed = _seed_columns(types, shapes, d, split)  # (type index, {shape index: count})
     seen = {(ti, tuple(sorted(col.items()))) for ti, col in cols}
     # pricing relaxes "distinct GPUs" for multi-GPU pods with a share below 1000 (none in the traces): its
     # columns are then not necessarily real nodes' contents
@@ -196,11 +196,23 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
                          len(types), len(shapes), time.monotonic() - t0, arrived)
 
 
+_DFF_K = 8  # dual-feasible functions u_1..u_8 per node type, for CPU and for memory
+
+
+def _dff(size: int, cap: int, k: int) -> float:
+    """Fekete and Schepers' dual-feasible function u_k at size/cap: sizes that fit one node (Σ ≤ cap) map to
+    values with Σ ≤ 1, so Σ_s u_k(size_s / cap) · pods_s ≤ (nodes of the type) is valid for every placement."""
+    if ((k + 1) * size) % cap == 0:
+        return size / cap
+    return ((k + 1) * size // cap) / k
+
+
 def _compact_lp(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndarray,
-                w: np.ndarray) -> tuple[float, np.ndarray]:
+                w: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """The pooled relaxation: per node type, one pool of N_t·G_t GPUs packed in arc-flow form (Valério de
     Carvalho) with N_t·C_t CPU and N_t·M_t memory; pods only on types their models allow. Its LP optimum bounds
-    every real allocation (each real placement, summed per type, is a feasible point). → (value, shape prices)."""
+    every real allocation (each real placement, summed per type, is a feasible point). → (value, shape prices,
+    pods of each shape on each type in the LP's solution)."""
     n_s = len(shapes)
     nv = 0
     c: list[float] = []
@@ -225,11 +237,13 @@ def _compact_lp(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndarra
             cols.append(j)
             vals.append(a)
 
-    for t in types:
+    xvar: dict[tuple[int, int], int] = {}
+    for ti, t in enumerate(types):
         el = [i for i, s in enumerate(shapes) if s.fits(t)]
         if not el:
             continue
         x = {i: var(-w[i], np.inf) for i in el}  # no per-variable cap: the demand row carries it (and its price)
+        xvar |= {(i, ti): j for i, j in x.items()}
         for i in el:
             rows.append(i)
             cols.append(x[i])
@@ -265,47 +279,71 @@ def _compact_lp(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndarra
                 row([(x[i], float(shapes[i].num_gpu)) for i in el if shapes[i].gpu_milli == q]
                     + [(f[j], -1.0) for j, a in enumerate(arcs) if a[2] == q], 0.0)
         row(gpu_row, float(t.count * t.gpus))
-        if t.cpu_milli is not None:
-            row([(x[i], float(shapes[i].cpu_milli)) for i in el], float(t.count * t.cpu_milli))
-        if t.memory_mib is not None:
-            row([(x[i], float(shapes[i].memory_mib)) for i in el], float(t.count * t.memory_mib))
+        for cap_ in (t.cpu_milli, t.memory_mib):
+            if cap_ is None:
+                continue
+            size = [shapes[i].cpu_milli if cap_ is t.cpu_milli else shapes[i].memory_mib for i in el]
+            row([(x[i], float(z)) for i, z in zip(el, size, strict=True)], float(t.count * cap_))
+            for k in range(1, _DFF_K + 1):  # per-node rounding: Σ u_k(size / cap) ≤ 1 on every node
+                ent = [(x[i], f) for i, z in zip(el, size, strict=True) if (f := _dff(z, cap_, k)) > 0]
+                if ent:
+                    row(ent, float(t.count))
     a = csc_matrix((vals, (rows, cols)), shape=(len(b), nv))
     res = linprog(np.array(c), A_ub=a, b_ub=np.array(b), bounds=list(zip([0.0] * nv, ub, strict=True)),
                   method="highs")
     if res.status != 0:
         raise RuntimeError(f"pooled LP failed: {res.message}")
-    return -float(res.fun), np.maximum(-np.asarray(res.ineqlin.marginals)[:n_s], 0.0)
+    split = np.zeros((n_s, len(types)))
+    for (i, ti), j in xvar.items():
+        split[i, ti] = res.x[j]
+    return -float(res.fun), np.maximum(-np.asarray(res.ineqlin.marginals)[:n_s], 0.0), split
 
 
-def _seed_columns(types: Sequence[NodeType], shapes: Sequence[Shape],
-                  d: np.ndarray) -> tuple[list[tuple[int, dict[int, int]]], int]:
-    """Real placements by best-fit decreasing, twice: largest pods first, and pods with the fewest allowed
-    GPUs first. → (every node's configuration in either, as starting columns for the master; the larger
-    allocation of the two — a placement that exists, so the true optimum lies between it and the bound)."""
-    owner = [ti for ti, t in enumerate(types) for _ in range(t.count)]
+def _seed_columns(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndarray,
+                  split: np.ndarray) -> tuple[list[tuple[int, dict[int, int]]], int]:
+    """Real placements by best-fit decreasing, three times: largest pods first; pods with the fewest allowed
+    GPUs first; and each shape first on the node types where the pooled LP put it (rounded down), the rest
+    after. → (every node's configuration in any of them, as starting columns for the master; the largest
+    allocation — a placement that exists, so the true optimum lies between it and the bound)."""
+    owner = np.array([ti for ti, t in enumerate(types) for _ in range(t.count)])
     reach = [sum(t.gpus * t.count for t in types if s.fits(t)) for s in shapes]
-    orders = [sorted(range(len(shapes)), key=lambda i: (-shapes[i].value, -shapes[i].cpu_milli)),
-              sorted(range(len(shapes)), key=lambda i: (reach[i], -shapes[i].value, -shapes[i].cpu_milli))]
+    by_size = sorted(range(len(shapes)), key=lambda i: (-shapes[i].value, -shapes[i].cpu_milli))
+    plans: list[list[tuple[int, int, int | None]]] = [  # (shape, how many, node type or None = any)
+        [(i, int(d[i]), None) for i in by_size],
+        [(i, int(d[i]), None) for i in sorted(range(len(shapes)), key=lambda i: (reach[i], -shapes[i].value,
+                                                                                -shapes[i].cpu_milli))],
+        [(i, math.floor(split[i, ti] + 1e-6), ti) for i in by_size for ti in range(len(types))
+         if split[i, ti] >= 1 - 1e-6],
+    ]
+    plans[2] += [(i, int(d[i]), None) for i in by_size]  # what is left, anywhere
     cols: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
     best = 0
-    for order in orders:
+    policy = get_policy("bestfit")
+    for plan in plans:
         cl = Cluster.build([f"n{i}" for i in range(len(owner))], [types[ti].gpus for ti in owner],
                            [types[ti].model for ti in owner], [types[ti].cpu_milli or 0 for ti in owner],
                            [types[ti].memory_mib or 0 for ti in owner])
-        policy = get_policy("bestfit")
+        full = cl.copy()  # the same nodes, every one with its type, for restricted choices
         rng = np.random.default_rng(0)
         per_node: list[Counter[int]] = [Counter() for _ in owner]
-        for i in order:
+        left = {i: int(d[i]) for i in range(len(shapes))}
+        for i, n, ti in plan:
             s = shapes[i]
             pod = Pod(s.num_gpu, s.gpu_milli, s.cpu_milli, s.memory_mib, tuple(sorted(s.models)))
-            for _ in range(int(d[i])):
-                ch = policy.choose(cl, pod, rng)
+            for _ in range(min(n, left[i])):
+                if ti is None:
+                    ch = policy.choose(cl, pod, rng)
+                else:  # only nodes of type ti: hide the others' CPU for this choice
+                    full.free[:], full.cpu_free[:], full.mem_free[:] = cl.free, cl.cpu_free, cl.mem_free
+                    full.cpu_free[owner != ti] = -1
+                    ch = policy.choose(full, pod, rng)
                 if ch is None:
                     break  # identical pods: the next fails too
                 cl.place(pod, ch)
+                left[i] -= 1
                 per_node[ch.node][i] += 1
         best = max(best, cl.allocated_milli)
-        cols |= {(owner[n], tuple(sorted(c.items()))) for n, c in enumerate(per_node) if c}
+        cols |= {(int(owner[n]), tuple(sorted(c.items()))) for n, c in enumerate(per_node) if c}
     return [(ti, dict(col)) for ti, col in sorted(cols)], best
 
 
