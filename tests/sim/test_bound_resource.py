@@ -82,14 +82,25 @@ def test_gpu_models_bind():
     assert rb.unallocated_pct == pytest.approx(55.0)
 
 
-def test_memory_and_per_node_split_bind():
+def test_memory_per_node_binds():
     # two nodes of 2 GPUs and 10 GiB; pods of 1 GPU and 6 GiB: one per node, though the pool has 20 GiB
     nodes = [("A", 2, 64_000, 10_240)] * 2
     pods = [Pod(1, MILLI, 1_000, 6_144)] * 3
     rb = resource_bound(pods, node_types(_cluster(nodes)))
-    assert rb.pooled_alloc_milli == pytest.approx(3 * MILLI)  # pooled memory: 18 of 20 GiB, all three
-    assert rb.unallocated_pct == pytest.approx(50.0)  # per node: the Lagrangian pricing sees one per node
+    assert rb.pooled_alloc_milli == pytest.approx(2 * MILLI)  # the per-node rounding cut (u_1) sees it
+    assert rb.unallocated_pct == pytest.approx(50.0)
     assert rb.packed_alloc_milli == 2 * MILLI
+
+
+def test_only_the_node_configurations_see_two_resources_at_once():
+    # one node of 3 GPUs, 10 cores, 10,000 MiB; any two of the three pods fit, all three do not (CPU and memory
+    # both 11,100): no single-resource cut sees it, the configuration LP's Lagrangian bound does
+    nodes = [("A", 3, 10_000, 10_000)]
+    pods = [Pod(1, MILLI, 6_100, 1_100), Pod(1, MILLI, 1_100, 6_100), Pod(1, MILLI, 3_900, 3_900)]
+    rb = resource_bound(pods, node_types(_cluster(nodes)))
+    assert lower_bound(pods, 3).unallocated_pct == pytest.approx(0.0)
+    assert rb.pooled_alloc_milli > 2 * MILLI + 100  # the pooled LP takes a fraction of the third pod
+    assert rb.converged and rb.max_alloc_milli == 2 * MILLI == exact_max_alloc(pods, nodes)
 
 
 _POD = st.tuples(st.sampled_from([(1, 250), (1, 500), (1, 700), (1, MILLI), (2, MILLI), (4, MILLI)]),
