@@ -3,6 +3,11 @@ allows, and is tighter than the arc-flow bound where CPU or models bind."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +17,8 @@ from gpudefrag.core.model import MILLI
 from gpudefrag.core.placement import Cluster, Pod
 from gpudefrag.sim.bound import lower_bound
 from gpudefrag.sim.bound_resource import node_types, resource_bound
+
+from .conftest import pod_row, write_trace
 
 
 def _cluster(nodes: list[tuple[str, int, int, int]]) -> Cluster:
@@ -121,3 +128,19 @@ def test_bound_never_exceeds_the_true_optimum(nodes, raw):
     assert rb.pooled_alloc_milli >= best - 1e-6
     assert rb.packed_alloc_milli <= best  # the offline packing is a real placement
     assert rb.unallocated_pct <= _pct(best, gpus) + 1e-9
+
+
+def test_the_bound_command_reports_both_bounds(tmp_path: Path):
+    # one 2-GPU node with 8 cores; two whole-GPU pods of 6 cores: arc-flow says 0 %, the resource bound 50 %
+    n, p = write_trace(tmp_path, ["n0,8000,262144,2,G2"], [pod_row(i, 6000, 1, MILLI) for i in range(2)])
+    run = [sys.executable, "-m", "gpudefrag.cli.main", "simulate", "bound", "--nodes", str(n), "--pods", str(p),
+           "--seeds", "1", "--json"]
+    r = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[0]
+    assert row["lower_bound_unallocated_pct"] == pytest.approx(0.0)
+    assert row["resource_lower_bound_unallocated_pct"] == pytest.approx(50.0)
+    r = subprocess.run([*run, "--kind", "resource"], capture_output=True, text=True, timeout=300)
+    assert "lower_bound_unallocated_pct" not in json.loads(r.stdout)[0]
+    r = subprocess.run([*run, "--kind", "magic"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--kind" in r.stderr

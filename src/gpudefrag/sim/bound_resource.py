@@ -183,7 +183,7 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
         _log.debug(f"it {it} cols {len(cols)} master {master / MILLI:.1f} L {total / MILLI:.1f} "
                   f"best {best_l / MILLI:.1f} pooled {pooled / MILLI:.1f} new {new} alpha {alpha} "
                   f"t {time.monotonic() - t0:.1f}")
-        if math.floor(best_l / step + 1e-9) * step - master <= tol_milli:
+        if _floor(best_l, step) - master <= tol_milli:
             converged = True
             break
         if new == 0 and alpha == 0.0:
@@ -191,9 +191,15 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
         alpha = 0.0 if new == 0 else 0.5  # no column at the smoothed point (mispricing): use the master's duals
         if time.monotonic() - t0 > time_limit_s:
             break
-    bound = math.floor(best_l / step + 1e-9) * step
+    bound = _floor(best_l, step)
     return ResourceBound(gpus, float(min(bound, arrived)), pooled, float(packed), master, converged, it, len(cols),
                          len(types), len(shapes), time.monotonic() - t0, arrived)
+
+
+def _floor(value: float, step: int) -> float:
+    """The largest multiple of `step` (every real allocation is one) not above `value`, after a 10⁻⁶ relative
+    allowance for the LP solver's tolerances."""
+    return float(math.floor((value * (1 + 1e-6) + 1e-3) / step) * step)
 
 
 _DFF_K = 8  # dual-feasible functions u_1..u_8 per node type, for CPU and for memory
@@ -394,7 +400,7 @@ class _Pricer:
 
     def price(self, reduced: np.ndarray) -> tuple[float, list[dict[int, int]]]:
         """(an upper bound on P_t at these reduced values, ≥ 0; configurations found on the way)."""
-        use = [i for i in self.eligible if reduced[i] > 1e-9 and self.cap[i] > 0]
+        use = [i for i in self.eligible if reduced[i] > 0 and self.cap[i] > 0]  # the others only cost room
         if not use:
             return 0.0, []
         t, sh = self.t, self.shapes
@@ -425,7 +431,7 @@ class _Pricer:
         m.maximize(sum(coef[i] * x[i] for i in use))
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
-        solver.parameters.max_time_in_seconds = self.time_s
+        solver.parameters.max_deterministic_time = self.time_s  # the same answer on a busy machine
         cb = _Collect(x)
         status = solver.solve(m, cb)
         if status == cp_model.OPTIMAL:
