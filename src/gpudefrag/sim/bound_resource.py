@@ -1,27 +1,25 @@
 """A lower bound on unallocated GPU % that keeps what blocks placement: per-node CPU and memory, GPU models.
 
-The arc-flow bound (`sim.bound`) pools every GPU of the cluster and ignores CPU, memory and GPU models, so on
-lists where those bind it is far from reachable. This one keeps them, per node:
+The arc-flow bound (`sim.bound`) pools every GPU of the cluster and ignores CPU, memory and GPU models. This one
+keeps them; it is the smaller of two valid upper bounds on the allocation (proofs: docs/simulator.md):
 
 - Nodes are grouped into types (GPU model, GPU count, CPU, memory); pods into shapes (GPUs, share, CPU,
   memory, allowed models), with d_s pods of shape s arrived and w_s = GPUs × share milli-GPU each.
-- A *configuration* of type t is a multiset of shapes that fits one node of type t: every shape's models allow
-  t's model; whole-GPU pods take whole GPUs, sharing pods are packed into the remaining GPUs within 1000 milli
-  each; the CPU and memory requests fit the node's.
-- The true problem (place a subset of the arrived pods to maximise allocated milli-GPU) gives every node one
-  configuration. Summing, for any prices π ≥ 0 on the shapes:
+- The pooled LP: per type, one pool of its GPUs packed in arc-flow form, its CPU and its memory, pods only on
+  types their models allow, plus per-node rounding cuts (dual-feasible functions). Any real placement, summed
+  per type, is a feasible point, so its optimum bounds every real allocation.
+- The configuration LP's Lagrangian bound. A *configuration* of type t is a multiset of shapes that fits one
+  node of type t (models, whole pods on whole GPUs, sharing pods within 1000 milli per GPU, CPU, memory).
+  Every real placement gives every node one configuration c_n, so for any prices π ≥ 0 on the shapes
 
       alloc = Σ_nodes v(c_n) ≤ Σ_nodes [v(c_n) − π·a(c_n)] + π·d ≤ Σ_t N_t · max(0, P_t(π)) + π·d =: L(π)
 
-  where P_t(π) = max over configurations c of type t of Σ_s (w_s − π_s) a_s(c) (the pricing problem) — so
-  L(π) bounds every real allocation, for any π ≥ 0 (the Lagrangian bound of the configuration LP).
-- Column generation finds good π: the restricted master LP over the configurations found so far (HiGHS via
-  `scipy.optimize.linprog`) gives duals; pricing solves P_t exactly with CP-SAT (or takes CP-SAT's proven
-  objective bound, which only makes L larger, so still valid). The best L seen is the bound; when the
-  master's value meets it the bound equals the configuration LP's optimum. Stopping early (time limit) keeps
-  the best L — never the restricted master's value, which is not a bound.
+  where P_t(π) = max over configurations c of type t of Σ_s (w_s − π_s) a_s(c) (the pricing problem, CP-SAT;
+  its proven objective bound when time runs out, which only makes L larger). Column generation (restricted
+  master LP with HiGHS via `scipy.optimize.linprog`, duals as π) looks for good π; stopping early keeps the
+  best L seen — never the restricted master's value, which is not a bound.
 
-The unallocated share is then 100 × (1 − L / capacity), with the same pods and capacity as `sim.bound`.
+The unallocated share is then 100 × (1 − bound / capacity), with the same pods and capacity as `sim.bound`.
 """
 
 from __future__ import annotations
