@@ -215,27 +215,52 @@ def bound_cmd(
     seeds: str = typer.Option("42-51", "--seeds"),
     tune: float = typer.Option(1.3, "--tune"),
     arrived: float = typer.Option(100.0, "--arrived", help="Arrived workload, % of GPU capacity"),
+    kind: str = typer.Option("both", "--kind", help="arcflow (GPUs only), resource (per-node CPU, memory, "
+                             "GPU models) or both"),
+    time_limit: float = typer.Option(30.0, "--time-limit", help="Seconds of column generation per seed "
+                                     "(resource bound; it stays valid when stopped)"),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Lower bound on unallocated GPU % for the pods arrived by `--arrived` %, and a BFD reference packing."""
+    """Lower bounds on unallocated GPU % for the pods arrived by `--arrived` %, and a BFD reference packing."""
     from ..sim.bound import arrived_prefix, best_fit_decreasing, lower_bound
+    from ..sim.bound_resource import node_types, resource_bound
     from ..sim.replay import build_workload
     from ..sim.trace import load_trace
 
+    kinds = ("arcflow", "resource") if kind == "both" else tuple(_split(kind, ("arcflow", "resource"), "--kind"))
     trace = load_trace(nodes, pods)
     cl = trace.cluster()
+    types = node_types(cl)
     all_pods = [p.pod for p in trace.pods]
     rows = []
     for s in parse_seeds(seeds):
         pre = arrived_prefix(build_workload(all_pods, cl.capacity_milli, s, tune), cl.capacity_milli, arrived)
-        b = lower_bound(pre, int(cl.gpu_count.sum()))
-        rows.append({"seed": s, **b.as_dict(), "bfd_unallocated_pct": best_fit_decreasing(pre, b.gpus)})
+        row: dict[str, object] = {"seed": s}
+        if "arcflow" in kinds:
+            b = lower_bound(pre, int(cl.gpu_count.sum()))
+            row |= {**b.as_dict(), "bfd_unallocated_pct": best_fit_decreasing(pre, b.gpus)}
+        if "resource" in kinds:
+            row |= resource_bound(pre, types, time_limit_s=time_limit).as_dict()
+        rows.append(row)
     if json_out:
         emit_json(_clean(rows))
         return
-    t = Table("seed", "lower bound %", "LP %", "BFD %", "ideal %", "optimal")
+    t = Table("seed")
+    if "arcflow" in kinds:
+        for col in ("arc-flow bound %", "LP %", "BFD %", "ideal %", "optimal"):
+            t.add_column(col)
+    if "resource" in kinds:
+        for col in ("resource bound %", "pooled LP %", "offline packing %", "s"):
+            t.add_column(col)
     for r in rows:
-        lp = 100 * (1 - float(r["lp_alloc_gpus"]) / int(r["gpus"]))  # type: ignore[arg-type]
-        t.add_row(str(r["seed"]), f"{r['lower_bound_unallocated_pct']:.2f}", f"{lp:.2f}",
-                  f"{r['bfd_unallocated_pct']:.2f}", f"{r['ideal_unallocated_pct']:.2f}", str(r["optimal"]))
+        cells = [str(r["seed"])]
+        if "arcflow" in kinds:
+            lp = 100 * (1 - float(r["lp_alloc_gpus"]) / int(r["gpus"]))  # type: ignore[arg-type]
+            cells += [f"{r['lower_bound_unallocated_pct']:.2f}", f"{lp:.2f}", f"{r['bfd_unallocated_pct']:.2f}",
+                      f"{r['ideal_unallocated_pct']:.2f}", str(r["optimal"])]
+        if "resource" in kinds:
+            pooled = 100 * (1 - float(r["pooled_lp_alloc_gpus"]) / int(r["gpus"]))  # type: ignore[arg-type]
+            cells += [f"{r['resource_lower_bound_unallocated_pct']:.2f}", f"{pooled:.2f}",
+                      f"{r['offline_packing_unallocated_pct']:.2f}", f"{r['resource_seconds']:.0f}"]
+        t.add_row(*cells)
     console.print(t)
