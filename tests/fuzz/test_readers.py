@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gpudefrag.checkpoint.manifest import parse_manifest
 from gpudefrag.checkpoint.protocol import CheckpointError
-from gpudefrag.cli.plan_cmd import load_cost_model
+from gpudefrag.policy.costs import load_cost_model
 from gpudefrag.engines.kubernetes.load import load_cluster_state, load_dump
 from gpudefrag.errors import InputError
 from gpudefrag.policy import load_policy
