@@ -16,6 +16,8 @@ from ..core.compat import ORDER, CompatRule
 from ..core.compat import mismatches as rule_mismatches
 from ..core.model import Versions
 
+__all__ = ["DEFAULT_FIELDS", "CompatRule", "field_names", "host_versions", "merge", "mismatches"]
+
 # Fields compared by default: every one the rule governs, and the GPU count (a minimum).
 DEFAULT_FIELDS: tuple[str, ...] = ORDER
 

@@ -18,9 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..core.compat import CompatRule
 from ..core.model import Versions
-from .compat import DEFAULT_FIELDS, field_names, host_versions, mismatches
+from .compat import DEFAULT_FIELDS, CompatRule, field_names, host_versions, mismatches
 from .manifest import Manifest
 from .protocol import (
     CHECKPOINT_FAILED,

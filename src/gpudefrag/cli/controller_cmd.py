@@ -94,7 +94,13 @@ def controller(
         from ..engines.kubernetes.control import KubeMoveExecutor
 
         kj = Journal(_journal_path(journal), on_write=crash_hook_from_env())
-        executor = KubeMoveExecutor(eng, kj, ExecutorConfig.from_policy(pol), log=log)  # type: ignore[arg-type]
+        from ..engines.kubernetes.moves import MoveOptions
+        from ..policy.options import compat_rule
+
+        cfg = ExecutorConfig.from_policy(pol)
+        # the move-time compatibility check applies the policy's rule, the one the planner used
+        opts = MoveOptions(ready_timeout_s=cfg.restore_timeout_s, compat=compat_rule(pol))
+        executor = KubeMoveExecutor(eng, kj, cfg, options=opts, log=log)  # type: ignore[arg-type]
         if executor.active():
             log(f"resuming {len(executor.active())} migration(s) from {kj.path}")
     elif not dry_run:

@@ -3,12 +3,11 @@ same causes and the same plan `gpudefrag plan` gives for the same cluster and th
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ..core.decision import Decision, decide
 from ..core.model import ClusterState
-from ..core.planner import PlanOptions, apply_moves
+from ..core.planner import Plan, PlanOptions, apply_moves
 from .views import _jsonable, node_rows, summary
 
 
@@ -17,29 +16,12 @@ def make_decision(state: ClusterState, workload_id: str, options: PlanOptions | 
     return decide(state, state.workload(workload_id), options)
 
 
-def apply_plan(state: ClusterState, plan: Any) -> ClusterState:
+def apply_plan(state: ClusterState, plan: Plan) -> ClusterState:
     """The state after the plan's moves (validated by the planner's apply_moves)."""
     return apply_moves(state, plan.moves)
 
 
-def _cost_dict(cost: Any) -> dict[str, Any]:
-    if cost is None:
-        return {}
-    if hasattr(cost, "as_dict"):
-        return _jsonable(cost.as_dict())
-    if dataclasses.is_dataclass(cost) and not isinstance(cost, type):
-        return _jsonable(dataclasses.asdict(cost))
-    return {"value": _jsonable(cost)}
-
-
-def _num(v: Any) -> float | None:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def plan_dict(state: ClusterState, plan: Any) -> dict[str, Any]:
+def plan_dict(state: ClusterState, plan: Plan) -> dict[str, Any]:
     """The plan in the shape the page and the API promise (independent of the planner's own as_dict)."""
     moves = []
     for m in plan.moves:
@@ -52,18 +34,18 @@ def plan_dict(state: ClusterState, plan: Any) -> dict[str, Any]:
                 "source": m.source,
                 "target": m.target,
                 "target_gpus": [int(g) for g in m.target_gpus],
-                "cost": _cost_dict(getattr(m, "cost", None)),
+                "cost": _jsonable(m.cost.as_dict()),
             }
         )
     return {
-        "feasible": bool(plan.feasible),
-        "reason": str(getattr(plan, "reason", "") or ""),
+        "feasible": plan.feasible,
+        "reason": plan.reason,
         "target_node": plan.target_node,
-        "solver": str(getattr(plan, "solver", "")),
-        "optimal": bool(getattr(plan, "optimal", False)),
-        "total_cost_s": _num(getattr(plan, "total_cost_s", None)),
-        "total_gpu_s": _num(getattr(plan, "total_gpu_s", None)),
-        "explain": [str(x) for x in getattr(plan, "explain", ())],
+        "solver": plan.solver,
+        "optimal": plan.optimal,
+        "total_cost_s": plan.total_cost_s,
+        "total_gpu_s": plan.total_gpu_s,
+        "explain": list(plan.explain),
         "moves": moves,
     }
 

@@ -69,7 +69,8 @@ class SlurmEngine:
         workloads, _ = parse_jobs(jobs_doc, nodes)
         known = {n.name for n in nodes}
         workloads = [w for w in workloads if all(p.node in known for p in w.placements)]
-        return ClusterState.build(nodes, workloads, now=time.time(), name=self.cluster_name)
+        return ClusterState.build(nodes, workloads, now=time.time(), name=self.cluster_name,
+                                  scheduler="slurm")  # its reasons are Slurm's (core.scheduler_reasons)
 
     def jobs(self) -> list[JobInfo]:
         _, infos = parse_jobs(self._json("squeue", "--json"))

@@ -7,8 +7,6 @@ diagnosed without core importing an engine); this module gives it the Slurm engi
 from __future__ import annotations
 
 from ...core.diagnose import CauseCode
-from ...core.scheduler_reasons import SLURM_CAPACITY as CAPACITY_REASONS
-from ...core.scheduler_reasons import SLURM_INELIGIBLE as INELIGIBLE_REASONS
 from ...core.scheduler_reasons import ReasonClass, classify_slurm
 
 
@@ -28,4 +26,4 @@ def waits_for_resources(reason: str) -> bool:
     return classify(reason)[0] is ReasonClass.CAPACITY
 
 
-__all__ = ["CAPACITY_REASONS", "INELIGIBLE_REASONS", "ReasonClass", "classify", "map_reason", "waits_for_resources"]
+__all__ = ["ReasonClass", "classify", "map_reason", "waits_for_resources"]
