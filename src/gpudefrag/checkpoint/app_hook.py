@@ -45,7 +45,17 @@ VERSION = "gpudefrag-app-hook 1"
 
 def _proc_env(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(x.split("=", 1) for x in raw.decode(errors="replace").split("\0") if "=" in x)
+    return dict(x.split("=", 1) for x in _utf8(raw, pid, "environment").split("\0") if "=" in x)
+
+
+def _utf8(raw: bytes, pid: int, what: str) -> str:
+    """The manifest is JSON: a command line or environment that is not UTF-8 could not be recorded exactly, and
+    a restore must run exactly what ran — so it is refused, not mangled."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise CheckpointError(CHECKPOINT_FAILED, f"PID {pid}: its {what} is not UTF-8; an application "
+                              "checkpoint records it in the manifest and cannot") from None
 
 
 def _alive(pid: int) -> bool:
@@ -129,8 +139,7 @@ class AppHookBackend:
         try:
             owner = process_owner(pid)
             env = _proc_env(pid)
-            argv = [a.decode(errors="surrogateescape") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                    if a]
+            argv = [a for a in _utf8(Path(f"/proc/{pid}/cmdline").read_bytes(), pid, "command line").split("\0") if a]
             cwd = os.readlink(f"/proc/{pid}/cwd")
             stdout = os.readlink(f"/proc/{pid}/fd/1")
         except (FileNotFoundError, ProcessLookupError):

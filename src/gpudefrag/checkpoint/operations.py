@@ -92,7 +92,7 @@ def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid:
                 raise  # the job still runs: dropping the unfinished images loses nothing
             raise _save_the_stopped_job(backend, pending, res, e) from None
     if keep is not None:
-        store.retain(workload_id, keep)
+        store.retain(workload_id, keep, trusted=frozenset({manifest.id}))  # just hashed: not read again
     return manifest, res
 
 

@@ -369,13 +369,16 @@ class CheckpointStore:
         return None
 
     # -- retention ------------------------------------------------------------------------------------
-    def gc(self, keep: int, *, workload_id: str | None = None, stale_temp_s: float = 3600.0) -> GcResult:
+    def gc(self, keep: int, *, workload_id: str | None = None, stale_temp_s: float = 3600.0,
+           trusted: frozenset[str] = frozenset()) -> GcResult:
         """Keep the newest `keep` checkpoints per workload that VERIFY (signature and every hash), and every
         parent they need; drop the rest and temp folders older than `stale_temp_s` (a writer that died).
 
         Only verified checkpoints count: a forged, unsigned or corrupted newer one never pushes out a good one,
         and a workload's newest verified checkpoint is kept even with `keep=0`. A workload with no verified
-        checkpoint at all (e.g. gc run with the wrong key) loses nothing. Unreadable folders are reported, kept."""
+        checkpoint at all (e.g. gc run with the wrong key) loses nothing. Unreadable folders are reported, kept.
+        Verifying reads every byte of the checkpoints it keeps; `trusted` names ids this process has just
+        committed (hashed a moment ago), which are not read again."""
         if keep < 0:
             raise ValueError("keep must be >= 0")
         rows = self.list(workload_id)
@@ -393,7 +396,7 @@ class CheckpointStore:
             for r in wl_rows:  # newest first; verify until enough good ones are found
                 if len(good) >= max(keep, 1):
                     break
-                if r["signed"] and self.verify(r["id"]).ok:
+                if r["signed"] and (r["id"] in trusted or self.verify(r["id"]).ok):
                     good.append(r["id"])
                 else:
                     unverified.append(r["id"])
@@ -424,8 +427,8 @@ class CheckpointStore:
         kept = [r["id"] for r in rows if r["id"] in keep_ids]
         return GcResult(tuple(removed), tuple(kept), tuple(stale), tuple(unreadable), freed, tuple(unverified))
 
-    def retain(self, workload_id: str, keep: int) -> GcResult:
-        return self.gc(keep, workload_id=workload_id, stale_temp_s=float("inf"))
+    def retain(self, workload_id: str, keep: int, *, trusted: frozenset[str] = frozenset()) -> GcResult:
+        return self.gc(keep, workload_id=workload_id, stale_temp_s=float("inf"), trusted=trusted)
 
     def _remove(self, d: Path) -> int:
         """Rename out of sight first, so a reader never sees a half-deleted checkpoint."""

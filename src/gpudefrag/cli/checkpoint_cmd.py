@@ -168,15 +168,17 @@ def gc_cmd(
     workload: str = typer.Option(None, "--workload", help="Only this workload"),
     store: Path = StoreOpt, key: Path = KeyOpt, json_out: bool = JsonOpt,
 ) -> None:
-    """Keep the newest N checkpoints per workload (and the parents they need); remove the rest."""
+    """Keep the newest N checkpoints per workload that verify (and the parents they need); remove the rest.
+    A workload's newest verified checkpoint is never removed; unreadable folders are reported and left alone."""
     with _refusals(json_out):
         r = _store(store, key).gc(keep, workload_id=workload)
     if json_out:
         emit_json(r.as_dict())
         return
     console.print(f"removed {len(r.removed)} checkpoint(s), {r.freed_bytes / 2**20:.1f} MiB freed; "
-                  f"kept {len(r.kept)}" + (f"; unreadable (left alone): {', '.join(r.unreadable)}"
-                                           if r.unreadable else ""))
+                  f"kept {len(r.kept)} that verify" + (f"; unreadable (left alone): {', '.join(r.unreadable)}"
+                                                       if r.unreadable else "")
+                  + (f"; did not verify (never counted as kept): {', '.join(r.unverified)}" if r.unverified else ""))
 
 
 @keys_app.command("init")
