@@ -1,7 +1,8 @@
 """A lower bound on unallocated GPU % that keeps what blocks placement: per-node CPU and memory, GPU models.
 
 The arc-flow bound (`sim.bound`) pools every GPU of the cluster and ignores CPU, memory and GPU models. This one
-keeps them; it is the smaller of two valid upper bounds on the allocation (proofs: docs/simulator.md):
+keeps them; it is the smallest of three valid upper bounds on the allocation — the arc-flow one and these two
+(proofs: docs/simulator.md):
 
 - Nodes are grouped into types (GPU model, GPU count, CPU, memory); pods into shapes (GPUs, share, CPU,
   memory, allowed models), with d_s pods of shape s arrived and w_s = GPUs × share milli-GPU each.
@@ -38,6 +39,7 @@ from scipy.sparse import csc_matrix
 
 from ..core.model import MILLI
 from ..core.placement import Cluster, Pod, get_policy
+from .bound import lower_bound
 
 _log = logging.getLogger(__name__)
 _SCALE = 1000  # pricing objective: reduced values × this, rounded up (rounding up keeps P_t an upper bound)
@@ -75,7 +77,7 @@ class Shape:
 @dataclass(frozen=True)
 class ResourceBound:
     gpus: int
-    max_alloc_milli: float  # the best valid value (pooled LP or Lagrangian L(π)): ≥ any real allocation
+    max_alloc_milli: float  # the smallest valid value (pooled LP, arc-flow, Lagrangian L(π)): ≥ any allocation
     pooled_alloc_milli: float  # the pooled LP's optimum (also valid, usually weaker)
     packed_alloc_milli: float  # a real offline placement's allocation: the optimum lies in [packed, max_alloc]
     master_alloc_milli: float  # restricted master LP value at the end (≤ the configuration LP optimum)
@@ -141,6 +143,8 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
     if not shapes:
         return ResourceBound(gpus, 0.0, 0.0, 0.0, 0.0, True, 0, 0, len(types), 0, time.monotonic() - t0, arrived)
     pooled, pi_pooled, split = _compact_lp(types, shapes, d, w)
+    # the arc-flow bound is an integer program and can beat the pooled LP by a hair: take the smaller
+    arcflow = lower_bound(pods, gpus).max_alloc_milli
     pricers = [_Pricer(t, shapes, d, pricing_time_s) for t in types]
     step = math.gcd(*(int(x) for x in w))  # every real allocation is a multiple of this
 
@@ -150,7 +154,7 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
     # pricing relaxes "distinct GPUs" for multi-GPU pods with a share below 1000 (none in the traces): its
     # columns are then not necessarily real nodes' contents
     real = all(s.num_gpu == 1 or s.gpu_milli >= MILLI for s in shapes)
-    best_l = pooled
+    best_l = min(pooled, arcflow)
     center = pi_pooled  # the pooled LP's prices: a good first point for the Lagrangian and the stabilisation
     master, mu = 0.0, np.zeros(len(types))
     pi_lp = pi_pooled
