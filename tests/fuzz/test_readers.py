@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from gpudefrag.checkpoint.manifest import parse_manifest
 from gpudefrag.checkpoint.protocol import CheckpointError
-from gpudefrag.policy.costs import load_cost_model
 from gpudefrag.engines.kubernetes.load import load_cluster_state, load_dump
 from gpudefrag.errors import InputError
 from gpudefrag.policy import load_policy
+from gpudefrag.policy.costs import load_cost_model
 from gpudefrag.sim.trace import load_nodes, load_pods
 from gpudefrag.snapshot import load_snapshot
 from gpudefrag.web.auth import read_token_file
