@@ -31,26 +31,10 @@ from .protocol import (
     CheckpointResult,
     RestoreResult,
 )
+from .registry import backend_for
 from .store import CheckpointStore, PendingCheckpoint
 
 MANIFEST_RESERVE = 1 << 20  # room the manifest (and the rename's metadata) needs beside the images
-
-
-def backend_for(name: str, **kw: Any) -> CheckpointBackend:
-    """'criu' | 'cuda' | 'app' -> a backend instance (imports lazily: the CUDA one needs cuda-bindings)."""
-    if name == "criu":
-        from .criu import CriuBackend
-
-        return CriuBackend(**kw)
-    if name == "cuda":
-        from .cuda import CudaBackend
-
-        return CudaBackend(**kw)
-    if name == "app":
-        from .app_hook import AppHookBackend
-
-        return AppHookBackend(**kw)
-    raise CheckpointError(UNAVAILABLE, f"unknown checkpoint backend {name!r} (criu, cuda, app)")
 
 
 def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid: int, workload_id: str, *,

@@ -71,7 +71,8 @@ def checkpoint(
     json_out: bool = JsonOpt,
 ) -> None:
     """Checkpoint a running job into the signed store."""
-    from ..checkpoint.operations import backend_for, checkpoint_to_store
+    from ..checkpoint.operations import checkpoint_to_store
+    from ..checkpoint.registry import backend_for
 
     with _refusals(json_out):
         be = backend_for(backend)
