@@ -286,10 +286,9 @@ def test_a_stop_without_a_committed_checkpoint_never_ends_the_job_as_done(env: d
         wait(lambda: agent.checkpoint_status("full", "r2").state.value != "pending")
         st = agent.checkpoint_status("full", "r2")
         assert st.state.value == "failed"
-        time.sleep(1.0)
-        if p.poll() is None:  # restored in place: it must really run on, and be taken along at the end
-            n = len(steps(log))
-            wait(lambda: len(steps(log)) >= n + 3)
+        n = len(steps(log))
+        wait(lambda: p.poll() is not None or len(steps(log)) >= n + 3, timeout=30)
+        if p.poll() is None:  # restored in place: it runs on, and is taken along at the end
             err = stop(p)
         else:
             _, err = p.communicate(timeout=20)
