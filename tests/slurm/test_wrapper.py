@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.criu]
 @pytest.fixture
 def env(tmp_path: Path):  # type: ignore[no-untyped-def]
     if os.geteuid() != 0 or shutil.which("criu") is None:
+        if os.environ.get("GPUDEFRAG_REQUIRE_CRIU") == "1":
+            pytest.fail("GPUDEFRAG_REQUIRE_CRIU=1 but CRIU (as root) is not available")
         pytest.skip("needs root and CRIU")
     d = {"GPUDEFRAG_RUN_DIR": str(tmp_path / "run"), "GPUDEFRAG_STORE": str(tmp_path / "store"),
          "GPUDEFRAG_KEY": str(tmp_path / "key"), "SLURMD_NODENAME": "nodeA"}
