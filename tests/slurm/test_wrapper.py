@@ -301,3 +301,13 @@ def test_a_stop_without_a_committed_checkpoint_never_ends_the_job_as_done(env: d
         assert gone(log), live_with(log)
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+@pytest.mark.parametrize("wid", ["../escape", "a" * 300, ".hidden", "a/b"])
+def test_a_workload_id_that_is_no_folder_name_is_refused(env: dict[str, str], tmp_path: Path, wid: str) -> None:
+    log = tmp_path / "id.log"
+    p = start(env, wid, log)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 2 and "workload id" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not log.exists() and not (tmp_path / "escape").exists()
