@@ -111,24 +111,34 @@ def _guard(r: int) -> None:
         os.dup2(null, fd)
     os.closerange(3, r)
     os.closerange(r + 1, 65536)
-    pidfds: list[int] = []
+    pidfds: list[tuple[int, int]] = []
     buf = b""
     while chunk := os.read(r, 4096):
         buf += chunk
         *lines, buf = buf.split(b"\n")
         for ln in lines:
             with contextlib.suppress(OSError, ValueError):
-                pidfds.append(os.pidfd_open(int(ln)))
-    for fd in pidfds:  # EOF: the wrapper is gone
+                pidfds.append((int(ln), os.pidfd_open(int(ln))))
+    for pid, fd in pidfds:  # EOF: the wrapper is gone
+        try:
+            signal.pidfd_send_signal(fd, 0)  # still that very process (its PID not reused)?
+        except OSError:
+            continue
+        # a launcher's children first: the namespace root it forked before the wrapper learnt that root's PID
+        # (a live parent has not reaped them, so those PIDs are still its children)
+        for kid in _children(pid):
+            with contextlib.suppress(OSError):
+                os.kill(kid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(fd, signal.SIGKILL)
 
 
-def _children() -> list[int]:
+def _children(pid: int | str = "self") -> list[int]:
     out: list[int] = []
-    for t in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            out += [int(c) for c in (t / "children").read_text().split()]
+    with contextlib.suppress(OSError):
+        for t in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                out += [int(c) for c in (t / "children").read_text().split()]
     return out
 
 
@@ -276,7 +286,8 @@ class Wrapper:
 
         env = {**os.environ, "GPUDEFRAG_NODE_FILE": str(self.jd.node_file),
                "GPUDEFRAG_WORKLOAD_ID": self.cfg.workload_id}
-        job = spawn_job(self.cfg.argv, stdout=self.jd.root / "workload.out", env=env, pidns=True)
+        job = spawn_job(self.cfg.argv, stdout=self.jd.root / "workload.out", env=env, pidns=True,
+                        on_launch=self.guard.watch if self.guard is not None else None)
         self.launcher = job.popen
         self._track(job.pid)
         self._log(f"started {' '.join(self.cfg.argv)} (pid {self.pid})")

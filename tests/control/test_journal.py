@@ -264,3 +264,16 @@ def test_any_damage_is_a_journal_or_one_journal_error(cut: int, flips: list[tupl
             assert "\n" not in str(e) and str(p) in str(e)
         if readonly:
             assert p.read_bytes() == bytes(data) and sorted(os.listdir(d)) == ["j.db"]
+
+
+def test_an_sqlite_file_without_tables_is_no_journal_to_read_but_may_become_one(tmp_path: Path) -> None:
+    p = tmp_path / "j.db"
+    con = sqlite3.connect(p)
+    con.execute("PRAGMA user_version=1")  # writes the header, creates nothing
+    con.commit()
+    con.close()
+    _one_line_error(_migrations(p))
+    with Journal(p) as j:  # holds nothing to lose: the controller makes it its journal
+        j.create("w", "a", "b")
+    assert _migrations(p).returncode == 0
+

@@ -70,6 +70,8 @@ def test_a_full_disk_at_a_safe_point_does_not_stop_training(tmp_path: Path) -> N
 @pytest.mark.criu
 def test_resume_under_the_wrapper_picks_the_application_checkpoint(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("criu") is None:
+        if os.environ.get("GPUDEFRAG_REQUIRE_CRIU") == "1":
+            pytest.fail("GPUDEFRAG_REQUIRE_CRIU=1 but CRIU (as root) is not available")
         pytest.skip("needs root and CRIU")
     from gpudefrag.checkpoint.criu import CriuBackend
 

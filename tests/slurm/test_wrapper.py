@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.criu]
 @pytest.fixture
 def env(tmp_path: Path):  # type: ignore[no-untyped-def]
     if os.geteuid() != 0 or shutil.which("criu") is None:
+        if os.environ.get("GPUDEFRAG_REQUIRE_CRIU") == "1":
+            pytest.fail("GPUDEFRAG_REQUIRE_CRIU=1 but CRIU (as root) is not available")
         pytest.skip("needs root and CRIU")
     d = {"GPUDEFRAG_RUN_DIR": str(tmp_path / "run"), "GPUDEFRAG_STORE": str(tmp_path / "store"),
          "GPUDEFRAG_KEY": str(tmp_path / "key"), "SLURMD_NODENAME": "nodeA"}
@@ -286,10 +288,9 @@ def test_a_stop_without_a_committed_checkpoint_never_ends_the_job_as_done(env: d
         wait(lambda: agent.checkpoint_status("full", "r2").state.value != "pending")
         st = agent.checkpoint_status("full", "r2")
         assert st.state.value == "failed"
-        time.sleep(1.0)
-        if p.poll() is None:  # restored in place: it must really run on, and be taken along at the end
-            n = len(steps(log))
-            wait(lambda: len(steps(log)) >= n + 3)
+        n = len(steps(log))
+        wait(lambda: p.poll() is not None or len(steps(log)) >= n + 3, timeout=30)
+        if p.poll() is None:  # restored in place: it runs on, and is taken along at the end
             err = stop(p)
         else:
             _, err = p.communicate(timeout=20)
@@ -300,3 +301,13 @@ def test_a_stop_without_a_committed_checkpoint_never_ends_the_job_as_done(env: d
         assert gone(log), live_with(log)
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+@pytest.mark.parametrize("wid", ["../escape", "a" * 300, ".hidden", "a/b"])
+def test_a_workload_id_that_is_no_folder_name_is_refused(env: dict[str, str], tmp_path: Path, wid: str) -> None:
+    log = tmp_path / "id.log"
+    p = start(env, wid, log)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 2 and "workload id" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not log.exists() and not (tmp_path / "escape").exists()

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +43,9 @@ class Job:
 
 def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, cwd: Path | None = None,
               env: Mapping[str, str] | None = None, pidns: bool = False, netns: str | None = None,
-              timeout: float = 30) -> Job:
-    """Start `argv` detached (own session, stdin /dev/null, stdio appended to files) and return its host PID."""
+              timeout: float = 30, on_launch: Callable[[int], None] | None = None) -> Job:
+    """Start `argv` detached (own session, stdin /dev/null, stdio appended to files) and return its host PID.
+    `on_launch` gets the launcher's PID as soon as it exists (a job wrapper's guard watches it from then on)."""
     stdout = Path(stdout)
     stderr = Path(stderr) if stderr is not None else stdout
     prefix: list[str] = []
@@ -64,6 +65,8 @@ def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, 
         if err != out:
             os.close(err)
     pid = p.pid
+    if on_launch is not None:
+        on_launch(pid)
     if prefix:
         pid = _job_pid(p, [*prefix, *argv], len(prefix), timeout)
     return Job(pid=pid, popen=p, stdout=stdout, stderr=stderr, pidns=pidns, netns=netns)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..engines.base import CkptState, CkptStatus, RunPhase, RunStatus, Ticket
+from ..errors import InputError
 from ..fileio import write_json_atomic
 
 __all__ = ["Agent", "CkptState", "CkptStatus", "FileAgent", "JobDir", "RunPhase", "RunStatus", "Ticket", "read_json"]
@@ -51,10 +53,16 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+_WORKLOAD_DIR_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
 class JobDir:
     """The files one job's wrapper and the controller share: `<run_dir>/<workload_id>/...`."""
 
     def __init__(self, run_dir: Path, workload_id: str) -> None:
+        if not _WORKLOAD_DIR_RE.match(workload_id):  # never a path: `../x`, `a/b`, 300 characters
+            raise InputError("workload id", "", f"{workload_id[:80]!r} is not usable as a folder name (letters, "
+                             "digits, '.', '_', '-'; at most 128; not starting with '.' or '-')")
         self.root = Path(run_dir) / workload_id
 
     @property
@@ -110,7 +118,10 @@ class FileAgent:
     def has_wrapper(self, workload_id: str) -> bool:
         """Does this job run under `gpudefrag run` (its current start reported a live phase)? Only such jobs can
         answer a checkpoint request; the controller never plans to move the others."""
-        status = read_json(JobDir(self.run_dir, workload_id).status) or {}
+        try:
+            status = read_json(JobDir(self.run_dir, workload_id).status) or {}
+        except InputError:  # no wrapper can have run under such an id
+            return False
         return status.get("phase") in _LIVE
 
     def checkpoint_status(self, workload_id: str, request_id: str) -> CkptStatus:

@@ -14,6 +14,7 @@ back, so the migration stays at its last durable state and a restart resumes it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -217,22 +218,25 @@ class Journal:
             raise _explain(self.path, e) from None
         self._db.row_factory = sqlite3.Row
         try:
-            self._setup(created)
+            self._setup()
             now = os.stat(self.path, follow_symlinks=False)
             if (now.st_dev, now.st_ino) != (ident.st_dev, ident.st_ino):
                 raise JournalError(self.path, "was replaced while being opened")
-        except sqlite3.Error as e:
+        except BaseException as e:
             self._db.close()
-            raise _explain(self.path, e) from None
-        except BaseException:
-            self._db.close()
+            if created:  # nothing half-made left behind: an empty file would be refused at the next start
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(f"{self.path}{suffix}")
+            if isinstance(e, sqlite3.Error):
+                raise _explain(self.path, e) from None
             raise
 
-    def _setup(self, created: bool) -> None:
+    def _setup(self) -> None:
         db = self._db
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
                                            "'sqlite_%'")}
-        if tables or not created:
+        if tables:  # an SQLite file without any table holds nothing to lose: it becomes the journal
             missing = [t for t in _COLUMNS if t not in tables]
             if missing:
                 raise JournalError(self.path, f"is an SQLite file but not a gpudefrag journal (no {missing[0]} "
@@ -246,6 +250,8 @@ class Journal:
             if check != "ok":
                 raise JournalError(self.path, f"is corrupt ({check.splitlines()[0][:200]})")
         if self.readonly:
+            if not tables:
+                raise JournalError(self.path, "is an SQLite file without a journal in it")
             return
         if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
             raise JournalError(self.path, "cannot switch to WAL mode (locked by another process?)", transient=True)
