@@ -34,7 +34,7 @@ def load_key(path: Path | str = DEFAULT_KEY_PATH, *, create: bool = True) -> byt
     """
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO must not hang us
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         if not create:
             raise CheckpointError(INSECURE_KEY, "key file does not exist", path=str(p)) from None

@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core.model import Versions
-from ..errors import InputError
-from ..fileio import read_input
 from .keys import DEFAULT_KEY_PATH, key_id, load_key
 from .manifest import MANIFEST_NAME, CompatRecord, FileEntry, LinkEntry, Manifest, link_stays_inside, parse_manifest
 from .protocol import (
@@ -47,6 +45,7 @@ from .protocol import (
 DEFAULT_STORE = Path("/var/lib/gpudefrag/checkpoints")
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+MAX_MANIFEST_BYTES = 16 << 20
 _CHUNK = 4 << 20
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -227,12 +226,13 @@ class CheckpointStore:
         mp = d / MANIFEST_NAME
         if not d.is_dir() or d.is_symlink():
             raise CheckpointError(NOT_FOUND, "no such checkpoint", path=str(d))
-        if not mp.exists() and not mp.is_symlink():
-            raise CheckpointError(MISSING_MANIFEST, f"{MANIFEST_NAME} is missing", path=str(d))
-        try:  # a regular file, not a link, a FIFO or a device; size-limited
-            raw = read_input(mp, "manifest", follow_links=False)
-        except InputError as e:
-            raise CheckpointError(BAD_MANIFEST, e.message, path=str(mp)) from None
+        try:
+            with open(mp, "rb") as f:
+                raw = f.read(MAX_MANIFEST_BYTES + 1)
+        except FileNotFoundError:
+            raise CheckpointError(MISSING_MANIFEST, f"{MANIFEST_NAME} is missing", path=str(d)) from None
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise CheckpointError(BAD_MANIFEST, "manifest is too large", path=str(mp))
         return parse_manifest(raw, str(mp))
 
     def verify(self, ckpt_id: str) -> VerifyResult:
