@@ -215,3 +215,33 @@ def test_a_huge_token_file_is_refused(tmp_path: Path) -> None:
     f.write_text("a" * 100_000)
     with pytest.raises(InputError, match="limit"):
         read_token_file(f)
+
+
+# ---------------------------------------------------------------------------------------------- run folder
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero-link", "directory", "link-to-fifo"])
+@pytest.mark.timeout(20)
+def test_a_job_planted_status_file_never_hangs_the_controller(kind: str, tmp_path: Path) -> None:
+    """status.json lives in a folder the job's user writes and the controller (root) reads: a FIFO there hung
+    `has_wrapper`, a link to /dev/zero read until memory ran out. Now it counts as no status at all."""
+    from gpudefrag.control.agent import FileAgent, JobDir
+
+    jd = JobDir(tmp_path / "run", "job-1")
+    jd.root.mkdir(parents=True)
+    special = special_files(tmp_path)[kind]
+    if kind in ("fifo", "directory"):
+        special.rename(jd.status)
+    else:
+        jd.status.symlink_to(special.resolve() if kind == "link-to-fifo" else special.readlink())
+    assert FileAgent(tmp_path / "run", store=None).has_wrapper("job-1") is False
+
+
+def test_a_status_file_with_hostile_json_counts_as_absent(tmp_path: Path) -> None:
+    from gpudefrag.control.agent import JobDir, read_json
+
+    jd = JobDir(tmp_path / "run", "job-1")
+    jd.root.mkdir(parents=True)
+    for text in ('{"phase": "running", "phase": "exited"}', "[1]", "[" * 100_000, '{"phase": NaN}'):
+        jd.status.write_text(text)
+        assert read_json(jd.status) is None
+    jd.status.write_text('{"phase": "running"}')
+    assert read_json(jd.status) == {"phase": "running"}

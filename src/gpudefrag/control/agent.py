@@ -9,14 +9,14 @@ answered once.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..fileio import write_json_atomic
+from ..errors import InputError
+from ..fileio import parse_json, read_input, write_json_atomic
 
 
 class CkptState(StrEnum):
@@ -85,12 +85,14 @@ class Agent(Protocol):
 
 # ---------------------------------------------------------------------------------------------- files
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a run-folder file, or None. The job's user can write these files and the controller
+    reads them as root, so they go through the guarded reader (no link, FIFO or device, 1 MiB at most); anything
+    missing, unreadable or malformed counts as absent."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+        doc = parse_json(read_input(path, "status", follow_links=False), str(path))
+    except InputError:
         return None
-    except (json.JSONDecodeError, OSError):
-        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class JobDir:
