@@ -245,3 +245,11 @@ def test_a_status_file_with_hostile_json_counts_as_absent(tmp_path: Path) -> Non
         assert read_json(jd.status) is None
     jd.status.write_text('{"phase": "running"}')
     assert read_json(jd.status) == {"phase": "running"}
+
+
+@pytest.mark.parametrize("text", ["a: " + "[" * 100_000 + "]" * 100_000, "a: &x [1]\nb: *x\n", "{a: 1, a: 2}"])
+def test_a_hostile_autoscaler_status_is_unreadable_not_a_crash(text: str) -> None:
+    """The cluster-autoscaler status ConfigMap comes from the API: deep nesting was a RecursionError."""
+    from gpudefrag.engines.kubernetes.autoscaler import _parse_yaml
+
+    assert _parse_yaml(text) is None
