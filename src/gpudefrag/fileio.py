@@ -71,7 +71,7 @@ MiB = 1 << 20
 # enough that a mistaken path (a disk image, a log) is refused before it is read into memory.
 DEFAULT_MAX_BYTES: dict[str, int] = {
     "snapshot": 1024 * MiB, "dump": 1024 * MiB, "trace": 1024 * MiB, "policy": 4 * MiB, "cost": 4 * MiB,
-    "manifest": 16 * MiB, "token": 4096, "key": 4096,
+    "manifest": 16 * MiB, "status": MiB, "token": 4096, "key": 4096,
 }
 MAX_DEPTH = 100  # containers inside containers; the deepest real document (a Kubernetes object) is ~10
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # what every integer field of the model can hold (int64)

@@ -90,12 +90,12 @@ def serve_cmd(*args: str) -> list[str]:
 
 
 class LiveServer:
-    """`gpudefrag serve` in a subprocess on 127.0.0.1, stopped (SIGINT, then kill) when the test ends."""
+    """`gpudefrag serve` in a subprocess on `host` (127.0.0.1), stopped (SIGINT, then kill) when the test ends."""
 
-    def __init__(self, tmp: Path, snapshot: dict | None, token: str | None) -> None:
+    def __init__(self, tmp: Path, snapshot: dict | None, token: str | None, host: str = "127.0.0.1") -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        args = ["--port", str(self.port)]
+        self.url = f"http://{host}:{self.port}"
+        args = ["--host", host, "--port", str(self.port)]
         if snapshot is not None:
             snap = tmp / "snapshot.json"
             write_json_atomic(snap, snapshot)

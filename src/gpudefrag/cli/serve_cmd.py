@@ -121,7 +121,7 @@ def _source(engine: EngineName, snapshot: Path | None):  # type: ignore[no-untyp
 def _run(source, host: str, port: int, *, allow_remote: bool, token: str | None,  # type: ignore[no-untyped-def]
          journal: Path | None, check: bool = False, json_out: bool = False, options=None) -> None:
     from ..web.app import create_app
-    from ..web.server import LOOPBACK_HOSTS
+    from ..web.server import allowed_hosts
     from ..web.server import serve as run_server
 
     state = source.state()
@@ -135,7 +135,7 @@ def _run(source, host: str, port: int, *, allow_remote: bool, token: str | None,
             console.print(f"ok: would serve {escape(state.name)} ({len(state.nodes)} nodes) at {url}")
         return
     app = create_app(source, token=token, journal=journal,
-                     allowed_hosts=None if allow_remote else LOOPBACK_HOSTS, plan_options=options)
+                     allowed_hosts=allowed_hosts(host, allow_remote), plan_options=options)
     if json_out:
         emit_json(info)
     else:

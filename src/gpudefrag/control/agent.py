@@ -9,7 +9,6 @@ answered once.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import time
 from dataclasses import asdict
@@ -18,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..engines.base import CkptState, CkptStatus, RunPhase, RunStatus, Ticket
 from ..errors import InputError
-from ..fileio import write_json_atomic
+from ..fileio import parse_json, read_input, write_json_atomic
 
 __all__ = ["Agent", "CkptState", "CkptStatus", "FileAgent", "JobDir", "RunPhase", "RunStatus", "Ticket", "read_json"]
 
@@ -45,12 +44,14 @@ class Agent(Protocol):
 
 # ---------------------------------------------------------------------------------------------- files
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a run-folder file, or None. The job's user can write these files and the controller
+    reads them as root, so they go through the guarded reader (no link, FIFO or device, 1 MiB at most); anything
+    missing, unreadable or malformed counts as absent."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+        doc = parse_json(read_input(path, "status", follow_links=False), str(path))
+    except InputError:
         return None
-    except (json.JSONDecodeError, OSError):
-        return None
+    return doc if isinstance(doc, dict) else None
 
 
 _WORKLOAD_DIR_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")

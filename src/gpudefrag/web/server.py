@@ -45,6 +45,17 @@ def check_bind(host: str, allow_remote: bool) -> None:
     )
 
 
+def allowed_hosts(host: str, allow_remote: bool) -> list[str] | None:
+    """The Host headers a loopback-bound server answers (a DNS-rebinding page sends its own name): the loopback
+    names plus the address it was told to bind (`--host 127.0.0.2` is reached as http://127.0.0.2:PORT/).
+    None (any Host) with --allow-remote, where the operator chose to be reachable by other names."""
+    if allow_remote:
+        return None
+    h = host.strip("[]")
+    own = [f"[{h}]"] if ":" in h else [h]
+    return LOOPBACK_HOSTS + [x for x in own if x not in LOOPBACK_HOSTS]
+
+
 def serve(app: FastAPI, host: str, port: int, *, allow_remote: bool, log_level: str = "info") -> None:
     """Check the bind address, then run uvicorn until interrupted."""
     import uvicorn

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import yaml
+from ...errors import InputError
+from ...fileio import parse_yaml
 
 STATUS_NAMESPACE = "kube-system"
 STATUS_NAME = "cluster-autoscaler-status"
@@ -45,9 +46,9 @@ def _int(v: object, default: int = 0) -> int:
 
 
 def _parse_yaml(text: str) -> list[GroupStatus] | None:
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError:
+    try:  # the guarded parser: a deeply nested or alias-bombed status map is unreadable, not a RecursionError
+        doc = parse_yaml(text, "cluster-autoscaler-status")
+    except InputError:
         return None
     if not isinstance(doc, dict):
         return None

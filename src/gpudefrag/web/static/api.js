@@ -1,4 +1,4 @@
-// An offline API reference rendered from /openapi.json (FastAPI's /docs page loads Swagger UI from a CDN).
+// An offline API reference rendered from /openapi.json (FastAPI's /docs and /redoc are off: they need a CDN).
 // Text only: everything from the schema goes through textContent.
 "use strict";
 
