@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .control.agent import JobDir, RunPhase, read_json
+from .core.compat import CompatRule
 from .errors import InputError
 from .fileio import write_json_atomic
 
@@ -252,11 +253,12 @@ class Wrapper:
             self.status(RunPhase.STARTING, ticket_id=tid)
             why = str(ticket.get("reason") or "")
             ckpt = ticket.get("ckpt_id")
+            rule = self.ticket_rule(ticket)
             if ckpt is None:
                 latest = self.store.latest(self.cfg.workload_id)
                 ckpt = latest.id if latest is not None else None
             if ckpt is not None:
-                err = self._restore(str(ckpt))
+                err = self._restore(str(ckpt), rule)
                 if err is None:
                     self._mark_handled(tid)
                     self.status(RunPhase.RESTORED, ticket_id=tid, ckpt_id=ckpt)
@@ -292,13 +294,27 @@ class Wrapper:
         self._track(job.pid)
         self._log(f"started {' '.join(self.cfg.argv)} (pid {self.pid})")
 
-    def _restore(self, ckpt_id: str) -> str | None:
-        """Restore a checkpoint (verified and compatibility-checked first); None when it runs, else why not."""
+    def ticket_rule(self, ticket: dict[str, Any]) -> CompatRule | None:
+        """The compatibility rule the move was planned under, from its ticket (None: the default rule, every
+        field exact — for a ticket without one, or one this version cannot read: the stricter rule refuses more,
+        never restores what the planner would not have chosen)."""
+        doc = ticket.get("compat")
+        if doc is None:
+            return None
+        try:
+            return CompatRule(**doc)
+        except (TypeError, ValueError) as e:
+            self._log(f"ticket {ticket.get('id')}: unreadable compatibility rule ({e}); using the default rule")
+            return None
+
+    def _restore(self, ckpt_id: str, rule: CompatRule | None = None) -> str | None:
+        """Restore a checkpoint (verified and compatibility-checked first, under `rule`); None when it runs,
+        else why not."""
         from .checkpoint.operations import restore_from_store
         from .checkpoint.protocol import CheckpointError
 
         try:
-            _, res = restore_from_store(self.store, ckpt_id, self.backend)
+            _, res = restore_from_store(self.store, ckpt_id, self.backend, rule=rule)
         except CheckpointError as e:
             return f"{e.reason}: {e.detail}"
         except OSError as e:
