@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .control.agent import JobDir, RunPhase, read_json
+from .core.compat import CompatRule
 from .errors import InputError
 from .fileio import write_json_atomic
 
@@ -142,16 +143,6 @@ def _children(pid: int | str = "self") -> list[int]:
     return out
 
 
-def _pidns_root(pid: int) -> bool:
-    try:
-        for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if ln.startswith("NSpid:"):
-                return ln.split()[-1] == "1" and len(ln.split()) > 2
-    except OSError:
-        pass
-    return False
-
-
 def _subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -187,6 +178,7 @@ class Wrapper:
         self.exit_code: int | None = None
         self.flags: dict[str, Any] = {"scan": False, "term": 0}
         self.lost: str | None = None  # why the workload is gone without having exited (never report success)
+        self.kept_images: str | None = None  # where a lost workload's images are (its only copy of its state)
         self.guard: Guard | None = None
         self.last_ckpt_at: float | None = None
         self.started_at = time.time()
@@ -252,11 +244,12 @@ class Wrapper:
             self.status(RunPhase.STARTING, ticket_id=tid)
             why = str(ticket.get("reason") or "")
             ckpt = ticket.get("ckpt_id")
+            rule = self.ticket_rule(ticket)
             if ckpt is None:
                 latest = self.store.latest(self.cfg.workload_id)
                 ckpt = latest.id if latest is not None else None
             if ckpt is not None:
-                err = self._restore(str(ckpt))
+                err = self._restore(str(ckpt), rule)
                 if err is None:
                     self._mark_handled(tid)
                     self.status(RunPhase.RESTORED, ticket_id=tid, ckpt_id=ckpt)
@@ -292,13 +285,27 @@ class Wrapper:
         self._track(job.pid)
         self._log(f"started {' '.join(self.cfg.argv)} (pid {self.pid})")
 
-    def _restore(self, ckpt_id: str) -> str | None:
-        """Restore a checkpoint (verified and compatibility-checked first); None when it runs, else why not."""
+    def ticket_rule(self, ticket: dict[str, Any]) -> CompatRule | None:
+        """The compatibility rule the move was planned under, from its ticket (None: the default rule, every
+        field exact — for a ticket without one, or one this version cannot read: the stricter rule refuses more,
+        never restores what the planner would not have chosen)."""
+        doc = ticket.get("compat")
+        if doc is None:
+            return None
+        try:
+            return CompatRule(**doc)
+        except (TypeError, ValueError) as e:
+            self._log(f"ticket {ticket.get('id')}: unreadable compatibility rule ({e}); using the default rule")
+            return None
+
+    def _restore(self, ckpt_id: str, rule: CompatRule | None = None) -> str | None:
+        """Restore a checkpoint (verified and compatibility-checked first, under `rule`); None when it runs,
+        else why not."""
         from .checkpoint.operations import restore_from_store
         from .checkpoint.protocol import CheckpointError
 
         try:
-            _, res = restore_from_store(self.store, ckpt_id, self.backend)
+            _, res = restore_from_store(self.store, ckpt_id, self.backend, rule=rule)
         except CheckpointError as e:
             return f"{e.reason}: {e.detail}"
         except OSError as e:
@@ -321,9 +328,25 @@ class Wrapper:
                                               leave_running=not stop, keep=self.cfg.keep)
         except Exception as e:  # CheckpointError, OSError (ENOSPC), ...
             code, detail = _reason_of(e)
+            self._after_uncommitted(e, code, detail)
             return None, code, detail
         self.last_ckpt_at = time.time()
         return manifest.id, "ok", ""
+
+    def _after_uncommitted(self, e: BaseException, code: str, detail: str) -> None:
+        """A dump that stopped the workload and was not committed: the checkpoint layer either restored it in
+        place from its images (`restored_pid`: that is the workload now, and the guard must take it along) or
+        kept the images as its only copy (`kept_images`: the job is lost here; say where they are)."""
+        restored = getattr(e, "restored_pid", None)
+        if restored is not None:
+            self.launcher = None
+            self._track(int(restored))
+            self._log(f"the workload was restored in place (pid {restored})")
+        kept = getattr(e, "kept_images", None)
+        if kept is not None:
+            self.kept_images = str(kept)
+            self.lost = (f"a checkpoint stopped the workload and was not committed ({code}: {detail}); it could not "
+                         f"be restored in place; its images are kept at {kept}")
 
     def serve_requests(self) -> tuple[int, bool]:
         """Answer pending request files: (how many, whether a move checkpoint stopped the workload)."""
@@ -347,7 +370,7 @@ class Wrapper:
                     self._log(f"checkpointed {ckpt}; the workload is stopped, waiting to be requeued")
                     return served, True
             else:
-                if stop and not running and not self._adopt_restored():
+                if stop and not running and not self.lost:
                     self.lost = f"checkpoint {rid} stopped the workload and was not committed ({code}: {detail})"
                 running = _alive(self.pid)
                 write_json_atomic(self.jd.response(rid), {"state": "failed", "reason": code, "detail": detail,
@@ -356,18 +379,6 @@ class Wrapper:
                 if self.lost:
                     return served, False
         return served, False
-
-    def _adopt_restored(self) -> bool:
-        """After a failed stopping checkpoint the checkpoint layer may have restored the workload in place from
-        its images: the new root (PID 1 of a fresh namespace) is re-parented to this subreaper. Take it on."""
-        skip = {self.guard.pid if self.guard else -1, self.launcher.pid if self.launcher else -1, self.pid}
-        for c in _children():
-            if c not in skip and _alive(c) and _pidns_root(c):
-                self.launcher = None
-                self._track(c)
-                self._log(f"the workload was restored in place (pid {c})")
-                return True
-        return False
 
     def heartbeat_due(self, now: float) -> bool:
         return self.heartbeat is not None and self.heartbeat.due(self.last_ckpt_at, now, self.started_at)
@@ -465,7 +476,8 @@ class Wrapper:
                     self.status(RunPhase.EXITED, exit_code=128 + sig, reason=f"wrapper got {signal.Signals(sig).name}")
                 return 128 + sig
             if self.lost:
-                self.status(RunPhase.EXITED, exit_code=LOST_EXIT, reason=self.lost)
+                self.status(RunPhase.EXITED, exit_code=LOST_EXIT, reason=self.lost,
+                            **({"kept_images": self.kept_images} if self.kept_images else {}))
                 self._log(f"workload lost: {self.lost}")
                 return LOST_EXIT
             if stopped:  # dumped for a move: wait to be requeued (the job must not end now)

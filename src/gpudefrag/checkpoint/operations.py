@@ -127,18 +127,19 @@ def check_compat(manifest: Manifest, here: Versions, fields: Iterable[str] = DEF
 
 def restore_from_store(store: CheckpointStore, ckpt_id: str, backend: CheckpointBackend | None = None, *,
                        here: Versions | None = None, compat_fields: Iterable[str] | None = None,
-                       **restore_kw: Any) -> tuple[Manifest, RestoreResult]:
+                       rule: CompatRule | None = None, **restore_kw: Any) -> tuple[Manifest, RestoreResult]:
     """Verify (signature, hashes), check compatibility, then restore. Nothing runs unless all three pass.
 
     compat_fields: the Versions fields that must agree (default: the backend's `compat_fields`, else
-    compat.DEFAULT_FIELDS)."""
+    compat.DEFAULT_FIELDS). rule: how they must agree — the rule the move was planned under (default: every
+    field exact)."""
     manifest = store.verify(ckpt_id).raise_for_status()
     be = backend or backend_for(manifest.backend)
     if here is None:
         gpu = getattr(be, "gpu_versions", None)
         here = host_versions(be.version(), gpu=gpu() if callable(gpu) else None)
     fields = compat_fields if compat_fields is not None else getattr(be, "compat_fields", DEFAULT_FIELDS)
-    check_compat(manifest, here, fields)
+    check_compat(manifest, here, fields, rule)
     res = be.restore(store.path(ckpt_id), info=manifest.info, **restore_kw)
     return manifest, res
 

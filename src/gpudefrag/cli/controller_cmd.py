@@ -85,9 +85,13 @@ def controller(
     executor = None
     st = None
     if store is not None:
+        from ..checkpoint.keys import load_key
         from ..checkpoint.store import CheckpointStore, default_key_path
 
         st = CheckpointStore(store, key or default_key_path())
+        # the store's checkpoints are read only if signed by its key (sizes for the planner, verification before
+        # each move); a missing key is an error here, never a new key: only `checkpoint` and `keys init` make one
+        load_key(st.key_path, create=False)
     if not dry_run and engine == "kubernetes":
         # pods are moved as checked API-operation sequences (create pinned replacement, wait ready, evict
         # original), journaled the same way; no job wrapper or shared run dir is involved

@@ -133,7 +133,8 @@ class Controller:
                 continue
             assert self.executor is not None
             adm = self.executor.submit(plan.moves, reason=t.why,
-                                       plan={"for": t.workload_id, "target_node": plan.target_node})
+                                       plan={"for": t.workload_id, "target_node": plan.target_node},
+                                       compat=self.inputs.compat.as_dict())
             for m in adm.admitted:
                 busy.add(m.workload_id)
                 decisions.append(Decision("submit", f"migration {m.id}: {m.workload_id} {m.source} -> {m.target}",

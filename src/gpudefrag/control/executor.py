@@ -122,13 +122,18 @@ class Executor:
     def busy_workloads(self) -> set[str]:
         return {m.workload_id for m in self.active()}
 
-    def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None) -> Admission:
-        """Journal the moves the budget allows (PLANNED); the rest are deferred, each with why."""
+    def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None,
+               compat: dict[str, Any] | None = None) -> Admission:
+        """Journal the moves the budget allows (PLANNED); the rest are deferred, each with why. `compat`: the
+        compatibility rule the moves were planned under (`CompatRule.as_dict()`); it travels in the restore
+        ticket, so the job's restore checks what the planner checked."""
 
         def data(mv: MoveLike) -> dict[str, Any]:
             d: dict[str, Any] = {"target_gpus": list(getattr(mv, "target_gpus", ()) or ())}
             if plan:
                 d["plan"] = plan
+            if compat is not None:
+                d["compat"] = compat
             return d
 
         admission = admit(self.journal, self.config, moves, now=self.clock(), reason=reason, data=data)
@@ -249,7 +254,8 @@ class Executor:
             else:  # rolling back and the source is taken: anywhere but the target
                 self.engine.pin(w, [], exclude=[m.target])
             t = m.data.get("ticket") or {}
-            self.agent.set_ticket(w, Ticket(t.get("id", f"{req}.0"), t.get("ckpt_id"), t.get("reason", "")))
+            self.agent.set_ticket(w, Ticket(t.get("id", f"{req}.0"), t.get("ckpt_id"), t.get("reason", ""),
+                                            m.data.get("compat")))
             return self._go(m, S.RELEASED, f"releasing onto {m.dest}")
 
         if m.state is S.RELEASED:

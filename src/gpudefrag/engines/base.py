@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.model import ClusterState
 from ..errors import GpudefragError
@@ -113,11 +113,14 @@ class CkptStatus:
 
 @dataclass(frozen=True)
 class Ticket:
-    """What the job must do at its next start: restore `ckpt_id` (None: no usable checkpoint) — and why."""
+    """What the job must do at its next start: restore `ckpt_id` (None: no usable checkpoint) — and why.
+    `compat`: the compatibility rule the move was planned under (`CompatRule.as_dict()`), so the restore's gate
+    accepts what the planner accepted; None (a ticket written before the field existed): the default rule."""
 
     id: str
     ckpt_id: str | None
     reason: str = ""
+    compat: dict[str, Any] | None = None
 
 
 class RunPhase(StrEnum):
