@@ -229,3 +229,16 @@ def test_recreate_opt_in_moves_without_a_checkpoint(frag_cluster: KubeCluster) -
     assert not any(e["name"] == "GPUDEFRAG_RESTORE_FROM" for e in body["spec"]["containers"][0].get("env") or [])
     # without the annotation the same pod is checkpointed
     assert build_move(frag_cluster, RS).checkpoint_mode == "kubelet"
+
+
+def test_replicaset_without_a_deployment_is_refused(frag_cluster: KubeCluster) -> None:
+    """Without pod-template-hash the replacement would match the ReplicaSet's selector as soon as it exists."""
+    import copy
+    from types import MappingProxyType
+
+    info = frag_cluster.pods[RS.workload_id]
+    raw = copy.deepcopy(dict(info.raw))
+    del raw["metadata"]["labels"]["pod-template-hash"]
+    pods = {**frag_cluster.pods, RS.workload_id: dataclasses.replace(info, raw=MappingProxyType(raw))}
+    seq = build_move(dataclasses.replace(frag_cluster, pods=MappingProxyType(pods)), RS)
+    assert not seq.ok and "no Deployment manages" in (seq.refused or "") and not seq.ops

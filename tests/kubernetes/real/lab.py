@@ -87,9 +87,10 @@ def gpu_pod(name: str, gpus: int, ns: str = "ml", *, labels: dict[str, str] | No
             "spec": pod_spec(gpus, **spec)}
 
 
-def replicaset(name: str, gpus: int, ns: str = "ml", *, replicas: int = 1, node: str | None = None,
-               annotations: dict[str, str] | None = None, kind: str = "ReplicaSet") -> dict[str, Any]:
-    """A ReplicaSet (or StatefulSet) whose pods ask for `gpus` GPUs, bound straight to `node` when given."""
+def owner(kind: str, name: str, gpus: int, ns: str = "ml", *, replicas: int = 1, node: str | None = None,
+          annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Deployment, ReplicaSet or StatefulSet whose pods ask for `gpus` GPUs, bound straight to `node` when
+    given (so a test decides the layout, not the scheduler)."""
     labels = {"app": name}
     tmpl = {"metadata": {"labels": labels, "annotations": annotations or {}}, "spec": pod_spec(gpus, node=node)}
     spec: dict[str, Any] = {"replicas": replicas, "selector": {"matchLabels": labels}, "template": tmpl}

@@ -14,7 +14,7 @@ import pytest
 
 from gpudefrag.core.diagnose import CauseCode as C
 
-from .lab import KubeLab, gpu_node, gpu_pod, quota, replicaset
+from .lab import KubeLab, gpu_node, gpu_pod, owner, quota
 
 pytestmark = pytest.mark.kube
 
@@ -114,7 +114,7 @@ def quota_replicaset(lab: KubeLab) -> tuple[str, C]:
     lab.namespaces("team-b")
     lab.create(quota("team-b", 4))
     lab.wait("quota status", lambda: lab.get("resourcequota", "gpu-quota", ns="team-b")["status"].get("hard"))
-    lab.create(replicaset("serve", 4, "team-b", replicas=2))
+    lab.create(owner("ReplicaSet", "serve", 4, "team-b", replicas=2))
     lab.wait("the replicaset controller's FailedCreate", lambda: lab.events("team-b", "FailedCreate"))
     return "team-b/replicaset/serve", C.QUOTA_EXCEEDED
 

@@ -14,11 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import urllib3
+
 from ...core.compat import CompatRule, describe
 from .access import At
 from .convert import GPU, _node, _pdb, _resources
 from .dra import DraInventory
-from .moves import ANN_CKPT_DONE, MoveSequence, Op, OpKind, pdb_after_replacement
+from .moves import ANN_CKPT_DONE, ANN_MOVE_ID, MoveSequence, Op, OpKind, pdb_after_replacement
 
 
 class ApiError(Exception):
@@ -146,8 +148,15 @@ class Executor:
             try:
                 if op.kind is OpKind.DELETE_REPLACEMENT:
                     p = op.params
-                    if self.api.read_pod(p["namespace"], p["pod"]) is not None:
+                    pod = self.api.read_pod(p["namespace"], p["pod"])
+                    # only our own replacement: a pod that already had its name (the create's 409) is not ours
+                    ann = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+                    if pod is not None and ann.get(ANN_MOVE_ID) == seq.move_id:
                         self.api.delete_pod(p["namespace"], p["pod"])
+                    elif pod is not None:
+                        self._record(seq, res, StepResult(f"rollback:{op.kind.value}", True,
+                                                          f"{p['pod']} is not this move's replacement; kept"))
+                        continue
                 else:
                     self.api.patch_pod(op.params["namespace"], op.params["pod"], dict(op.body or {}))
                 self._record(seq, res, StepResult(f"rollback:{op.kind.value}", True, op.detail))
@@ -156,10 +165,18 @@ class Executor:
         res.rolled_back = True
 
     def _wait(self, what: str, timeout: float, check: Callable[[], bool]) -> None:
+        """Poll `check` until it holds. An API server that is briefly unreachable or overloaded (status 0,
+        429, 5xx: a restart, a rollout) only costs polls; the timeout still bounds the wait."""
         end = self.clock() + timeout
         while True:
-            if check():
-                return
+            try:
+                if check():
+                    return
+            except ApiError as e:
+                if e.status not in (0, 429) and e.status < 500:
+                    raise
+                if self.clock() >= end:
+                    raise StepFailed(f"timed out after {timeout:g} s waiting for {what} ({e})") from None
             if self.clock() >= end:
                 raise StepFailed(f"timed out after {timeout:g} s waiting for {what}")
             self.sleep(self.poll_s)
@@ -273,6 +290,8 @@ class ClientKubeApi:
             return fn()
         except ApiException as e:
             raise ApiError(int(e.status or 0), str(e.reason)) from None
+        except (OSError, urllib3.exceptions.HTTPError) as e:  # the API server is unreachable (restarting)
+            raise ApiError(0, f"API server unreachable: {e}") from None
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return self.api.sanitize_for_serialization(obj)

@@ -258,8 +258,15 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
     owner = info.owner
     if owner is None:
         strategy = "bare-pod"
-    elif owner.kind == "ReplicaSet":
+    elif owner.kind == "ReplicaSet" and info.labels.get("pod-template-hash"):
         strategy = "replicaset"
+    elif owner.kind == "ReplicaSet":
+        # found against a real API server: a ReplicaSet not made by a Deployment has no pod-template-hash in its
+        # selector, so the replacement (same labels) is adopted the moment it is created and the ReplicaSet
+        # deletes one pod at once — the not-yet-Ready replacement first, or the original before it is replaced
+        return _refuse(wid, move, mid, mode, f"owned by ReplicaSet {owner.name}, which no Deployment manages (its "
+                       "pods carry no pod-template-hash): it would adopt the replacement before it is Ready; "
+                       "not moved")
     else:
         why = {
             "Job": f"owned by Job {owner.name}: the Job controller would treat an adopted replacement as surplus "
