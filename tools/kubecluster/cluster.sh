@@ -130,7 +130,7 @@ exec "$bin/kube-controller-manager" --kubeconfig "$dir/controller-manager.kubeco
   --authorization-kubeconfig "$dir/controller-manager.kubeconfig" \\
   --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false --use-service-account-credentials \\
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \\
-  --controllers '*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller' \\
+  --controllers '*' \\
   --kube-api-qps 200 --kube-api-burst 400 --profiling=false -v 1
 CMD
 cat > "$dir/cmd/kube-scheduler" <<CMD
