@@ -148,7 +148,6 @@ def test_live_and_dump_agree_with_the_real_scheduler(kube: KubeLab, cli: Any, tm
     assert causes(d)[0] == code.value, d
     assert d["kubernetes"]["agreement"] == "agrees", d["kubernetes"]
     assert d["kubernetes"]["confirmed_by_scheduler"], d["kubernetes"]
-    assert d["is_fragmentation"] == (code is C.FRAGMENTATION)
     # the same cluster read two ways gives the same answer
     assert {w: causes(x) for w, x in dump.items()} == {w: causes(x) for w, x in live.items()}
     assert {w: x["kubernetes"]["agreement"] for w, x in dump.items()} == \
@@ -162,10 +161,11 @@ def test_scheduler_message_is_the_real_one(kube: KubeLab, cli: Any, monkeypatch:
     k = diagnoses(cli, "--kube")[wid]["kubernetes"]
     assert k["message_source"] == "PodScheduled" and k["nodes_total"] == 4
     texts = {r["text"]: r["nodes"] for r in k["scheduler_reasons"]}
-    assert texts == {"Insufficient nvidia.com/gpu": 2, "node(s) had untolerated taint {dedicated: inference}": 2}
+    # v1.35 no longer names the taint, and DRA's post-filter note ("no new claims to deallocate,") is not a reason
+    assert texts == {"Insufficient nvidia.com/gpu": 2, "node(s) had untolerated taint(s)": 2}
     # and the event the scheduler wrote says the same
     ev = kube.events("ml", "FailedScheduling")
-    assert ev and "untolerated taint {dedicated: inference}" in ev[-1]["message"]
+    assert ev and "untolerated taint(s)" in ev[-1]["message"]
 
 
 def test_core_diagnose_reads_the_live_cluster(kube: KubeLab, cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:

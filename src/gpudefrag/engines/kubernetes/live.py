@@ -30,7 +30,8 @@ def api_client(context: str | None = None) -> Any:
         if context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config()
             return client.ApiClient()
-        return config.new_client_from_config(context=context)
+        # $KUBECONFIG as it is now: the client reads it once, when it is imported
+        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or None, context=context)
     except Exception as e:  # the client raises ConfigException, FileNotFoundError, ...
         raise InputError("kubeconfig", f"context {context}" if context else "", f"cannot load: {e}") from None
 
