@@ -5,8 +5,11 @@ the target node going away. After each: no pod lost, none duplicated, the Replic
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +36,15 @@ def two_nodes(lab: KubeLab) -> None:
     lab.wait("the PDB", lambda: lab.get("pdb", "notebook", ns="ml")["status"].get("currentHealthy") == 1)
 
 
-def run_move(lab: KubeLab, move: SimpleMove, before: Any = None, timeout: float = 60) -> tuple[MoveSequence, Any]:
+def run_move(lab: KubeLab, move: SimpleMove, before: Any = None, timeout: float = 60,
+             evict_retry_s: float = 60) -> tuple[MoveSequence, Any]:
     cluster = load_kube(live=True)
     seq = build_move(cluster, move)
     assert seq.ok, seq.refused
     seq = dataclasses.replace(seq, ops=tuple(  # shorter waits than a production move
         dataclasses.replace(o, params={**o.params, "timeout_s": timeout}) if "timeout_s" in o.params else o
         for o in seq.ops))
-    ex = Executor(ClientKubeApi(lab.client()), poll_s=0.3, before=before)
+    ex = Executor(ClientKubeApi(lab.client()), poll_s=0.3, before=before, evict_retry_s=evict_retry_s)
     return seq, ex.run(seq, cluster.state.workload(move.workload_id).versions)
 
 
@@ -67,7 +71,7 @@ def test_pdb_tightened_mid_move_real_eviction_refuses_and_replacement_goes(live:
             live.wait("the PDB to count both pods", lambda: live.get("pdb", "notebook", ns="ml")["status"]
                       .get("desiredHealthy") == 2)
 
-    _, res = run_move(live, BARE, before)
+    _, res = run_move(live, BARE, before, evict_retry_s=8)
     assert not res.ok and res.rolled_back and "PodDisruptionBudget" in res.error, res.as_dict()
     live.wait("the replacement deleted", lambda: len(by_app(live, "notebook")) == 1)
     only_original(live, "notebook", uid)
@@ -88,16 +92,21 @@ def test_api_server_restarted_while_waiting_for_the_replacement(live: KubeLab) -
     two_nodes(live)
     threads: list[threading.Thread] = []
 
+    pidfile = live.dir / "pids" / "kube-apiserver"
+    old_pid = int(pidfile.read_text())
+
     def before(_seq: MoveSequence, _i: int, op: Op) -> None:
-        if op.kind is OpKind.WAIT_READY:
-            t = threading.Thread(target=subprocess.run, args=(
-                [str(TOOLS / "cluster.sh"), "restart", str(live.dir), "kube-apiserver"],), daemon=True)
+        if op.kind is OpKind.WAIT_READY:  # down now, back in a few seconds: the move polls an absent server
+            os.kill(old_pid, signal.SIGKILL)
+            t = threading.Thread(target=lambda: (time.sleep(3), subprocess.run(
+                [str(TOOLS / "cluster.sh"), "restart", str(live.dir), "kube-apiserver"])), daemon=True)
             t.start()
             threads.append(t)
 
     _, res = run_move(live, BARE, before, timeout=180)
     for t in threads:
         t.join(180)
+    assert threads and int(pidfile.read_text()) != old_pid
     assert res.ok, res.as_dict()
     pods = by_app(live, "notebook")
     assert len(pods) == 1 and pods[0]["spec"]["nodeName"] == "gpu-node-0" and ready(pods[0])
