@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on loopback, for the tests and by hand: etcd, kube-apiserver (RBAC, the usual
 # admission plugins), kube-controller-manager, kube-scheduler, and KWOK keeping fake GPU nodes Ready and their
-# pods Running/Ready. Certificates come from a CA generated into DIR; ports are chosen free at start.
+# pods Running/Ready: the nodes annotated kwok.x-k8s.io/node=fake (remove it and the node's "kubelet" is gone). Certificates come from a CA generated into DIR; ports are chosen free at start.
 #   tools/kubecluster/cluster.sh start DIR      start everything; DIR/admin.kubeconfig is the admin kubeconfig
 #   tools/kubecluster/cluster.sh stop DIR       stop what `start` started (by the PIDs it recorded)
 #   tools/kubecluster/cluster.sh restart DIR C  restart one component C (e.g. kube-apiserver) with its command
@@ -139,7 +139,7 @@ exec "$bin/kube-scheduler" --kubeconfig "$dir/scheduler.kubeconfig" \\
   --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false --profiling=false -v 1
 CMD
 cat > "$dir/cmd/kwok" <<CMD
-exec "$bin/kwok" --kubeconfig "$dir/kwok.kubeconfig" --manage-all-nodes=true \\
+exec "$bin/kwok" --kubeconfig "$dir/kwok.kubeconfig" --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \\
   --server-address 127.0.0.1:$KWOK_PORT --node-ip 127.0.0.1 --cidr 10.128.0.1/10 --node-lease-duration-seconds 40
 CMD
 

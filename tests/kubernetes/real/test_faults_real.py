@@ -5,6 +5,7 @@ the target node going away. After each: no pod lost, none duplicated, the Replic
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -128,7 +129,30 @@ def test_target_node_lost_mid_move_rolls_back(live: KubeLab) -> None:
     only_original(live, "notebook", uid)
 
 
-@pytest.mark.parametrize("state", ["restoring", "running-on-target"])
+def test_target_node_not_ready_mid_move_rolls_back(live: KubeLab) -> None:
+    """The target's kubelet goes silent after the target was checked: KWOK stops tending it and its Ready
+    condition turns False. The replacement never gets Ready; the move rolls back before the eviction."""
+    two_nodes(live)
+    uid = live.get("pod", "notebook", ns="ml")["metadata"]["uid"]
+
+    def before(_seq: MoveSequence, _i: int, op: Op) -> None:
+        if op.kind is OpKind.CREATE_REPLACEMENT:
+            live.kubectl("annotate", "node", "gpu-node-0", "kwok.x-k8s.io/node-")
+            live.kubectl("patch", "node", "gpu-node-0", "--subresource=status", "-p", json.dumps(
+                {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                                            "message": "kubelet stopped posting node status"}]}}))
+
+    _, res = run_move(live, BARE, before, timeout=8)
+    assert not res.ok and res.rolled_back and not res.committed, res.as_dict()
+    assert "Ready" in res.error, res.error
+    # the replacement is deleted (on a node without a kubelet it may stay Terminating); the original runs on
+    live.wait("the replacement deleted", lambda: all(
+        p["metadata"]["uid"] == uid or p["metadata"].get("deletionTimestamp") for p in by_app(live, "notebook")))
+    original = live.get("pod", "notebook", ns="ml")
+    assert original["metadata"]["uid"] == uid and ready(original) and not original["metadata"].get("deletionTimestamp")
+
+
+@pytest.mark.parametrize("state", ["planned", "restoring", "running-on-target", "done"])
 def test_controller_killed_at_a_step_and_restarted(kube: KubeLab, tmp_path: Path, state: str) -> None:
     """SIGKILL right after the journal made the step durable; the restarted controller finishes or rolls back.
     Either way every workload runs exactly once and the ReplicaSet is never above its count afterwards."""
