@@ -2,7 +2,7 @@
 # Set up everything gpudefrag needs on a fresh Debian 12/13 machine (as root). Idempotent.
 #   scripts/setup.sh python   the venv (.venv) with gpudefrag and its Python dependencies (enough for the demo)
 #   scripts/setup.sh all      also the Debian packages the tests drive for real: Slurm + munge, CRIU >= 4.1,
-#                             Chromium (dashboard browser test)
+#                             Chromium (dashboard browser test), the local Kubernetes control plane (Go)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=${1:-python}
@@ -26,6 +26,7 @@ if [ "$want" = all ]; then
   command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
   [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
   scripts/install-criu.sh
+  tools/kubecluster/build.sh >/dev/null  # the Kubernetes control plane (cached; ~20 min the first time)
 fi
 
 PY=${PYTHON:-python3}

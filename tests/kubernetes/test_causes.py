@@ -54,7 +54,7 @@ def test_scheduler_reasons_are_split_with_their_node_counts() -> None:
     d = diagnose_kube(load_dump(fixture_path("taint")))[0]
     assert d.nodes_total == 4
     assert [(r.nodes, r.text) for r in d.reasons] == [
-        (2, "Insufficient nvidia.com/gpu"), (2, "node(s) had untolerated taint {dedicated: inference}")]
+        (2, "Insufficient nvidia.com/gpu"), (2, "node(s) had untolerated taint(s)")]
     assert CauseCode.TAINTS_OR_SELECTORS in d.reasons[1].supports
     assert d.message_source == "PodScheduled"
 

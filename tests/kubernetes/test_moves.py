@@ -199,3 +199,46 @@ def test_target_without_room_now_stops_at_verify(frag_cluster: KubeCluster) -> N
     res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(seq)
     assert not res.ok and "1 free GPU(s) now; the pod needs 2" in res.error
     assert all(v == "GET" for v, _ in api.calls)
+
+
+def _annotated(cluster: KubeCluster, wid: str, ann: dict[str, str]) -> KubeCluster:
+    import copy
+    from types import MappingProxyType
+
+    info = cluster.pods[wid]
+    raw = copy.deepcopy(dict(info.raw))
+    raw["metadata"]["annotations"] = {**(raw["metadata"].get("annotations") or {}), **ann}
+    pods = dict(cluster.pods)
+    pods[wid] = dataclasses.replace(info, raw=MappingProxyType(raw))
+    return dataclasses.replace(cluster, pods=MappingProxyType(pods))
+
+
+def test_recreate_opt_in_moves_without_a_checkpoint(frag_cluster: KubeCluster) -> None:
+    """A pod whose owner annotated it `gpudefrag.io/move: recreate` is moved with no checkpoint step: the
+    replacement runs the pod's own image and restores nothing; every other safety step stays."""
+    c = _annotated(frag_cluster, RS.workload_id, {"gpudefrag.io/move": "recreate"})
+    seq = build_move(c, RS, MoveOptions(checkpoint="kubelet"))
+    assert seq.checkpoint_mode == "recreate"
+    assert seq.kinds() == ["verify-target", "check-pdb", "create-replacement", "wait-ready", "set-deletion-cost",
+                           "adopt-replacement", "evict-original", "wait-deleted"]
+    body = {o.kind: o for o in seq.ops}[K.CREATE_REPLACEMENT].body
+    assert body is not None
+    orig = c.pods[RS.workload_id].raw["spec"]["containers"][0]["image"]
+    assert body["spec"]["containers"][0]["image"] == orig
+    assert "gpudefrag.io/restore-from" not in body["metadata"]["annotations"]
+    assert not any(e["name"] == "GPUDEFRAG_RESTORE_FROM" for e in body["spec"]["containers"][0].get("env") or [])
+    # without the annotation the same pod is checkpointed
+    assert build_move(frag_cluster, RS).checkpoint_mode == "kubelet"
+
+
+def test_replicaset_without_a_deployment_is_refused(frag_cluster: KubeCluster) -> None:
+    """Without pod-template-hash the replacement would match the ReplicaSet's selector as soon as it exists."""
+    import copy
+    from types import MappingProxyType
+
+    info = frag_cluster.pods[RS.workload_id]
+    raw = copy.deepcopy(dict(info.raw))
+    del raw["metadata"]["labels"]["pod-template-hash"]
+    pods = {**frag_cluster.pods, RS.workload_id: dataclasses.replace(info, raw=MappingProxyType(raw))}
+    seq = build_move(dataclasses.replace(frag_cluster, pods=MappingProxyType(pods)), RS)
+    assert not seq.ok and "no Deployment manages" in (seq.refused or "") and not seq.ops

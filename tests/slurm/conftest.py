@@ -153,6 +153,8 @@ def workload_pids(log: Path) -> list[int]:
 def slurm() -> Iterator[Cluster]:
     why = _have_slurm()
     if why:
+        if os.environ.get("GPUDEFRAG_REQUIRE_SLURM") == "1":
+            pytest.fail(f"real Slurm: {why} (GPUDEFRAG_REQUIRE_SLURM=1)")
         pytest.skip(f"real Slurm: {why}")
     env = {**os.environ, "GPUDEFRAG_SLURM_DIR": str(LAB), "GPUDEFRAG_SLURM_PORT": PORT}
     p = subprocess.run([str(HERE / "cluster" / "start.sh")], env=env, capture_output=True, text=True, timeout=120)

@@ -12,17 +12,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+import urllib3
 
 from ...core.compat import CompatRule, describe
 from .access import At
 from .convert import GPU, _node, _pdb, _resources
 from .dra import DraInventory
-from .moves import ANN_CKPT_DONE, MoveSequence, Op, OpKind, pdb_after_replacement
+from .moves import ANN_CKPT_DONE, ANN_MOVE_ID, MoveSequence, Op, OpKind, pdb_after_replacement
 
 
 class ApiError(Exception):
-    """An API call failed: `status` is the HTTP status (429: eviction refused by a PDB; 404: not found)."""
+    """An API call failed: `status` is the HTTP status (429: eviction refused by a PDB; 404: not found; 0: the
+    request never reached the API server — it could not be connected to — so it is safe to send again)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
@@ -42,6 +45,7 @@ class KubeApi(Protocol):
     def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None: ...
 
 
+_T = TypeVar("_T")
 Publisher = Callable[[str, str, str], None]  # (node, archive path on that node, image) -> None
 
 
@@ -83,8 +87,11 @@ class Executor:
     def __init__(self, api: KubeApi, *, publish: Publisher | None = None, compat: CompatRule | None = None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
                  poll_s: float = 2.0, on_step: Callable[[MoveSequence, StepResult], None] | None = None,
-                 before: Callable[[MoveSequence, int, Op], None] | None = None) -> None:
+                 before: Callable[[MoveSequence, int, Op], None] | None = None,
+                 unreachable_s: float = 120.0, evict_retry_s: float = 60.0) -> None:
         self.before = before  # called before each operation is taken (the journal writes it here)
+        self.unreachable_s = unreachable_s  # how long an operation waits for an API server it cannot connect to
+        self.evict_retry_s = evict_retry_s  # how long a PDB's 429 is retried before it counts as a refusal
         self.api = api
         self.publish = publish
         self.compat = compat
@@ -121,7 +128,7 @@ class Executor:
             if self.before:
                 self.before(seq, i, op)
             try:
-                detail = self._do(op, archives, versions, recovering)
+                detail = self._patient(lambda op=op: self._do(op, archives, versions, recovering))
             except (StepFailed, ApiError) as e:
                 self._record(seq, res, StepResult(op.kind.value, False, str(e)))
                 res.error = f"{op.kind.value}: {e}"
@@ -146,20 +153,48 @@ class Executor:
             try:
                 if op.kind is OpKind.DELETE_REPLACEMENT:
                     p = op.params
-                    if self.api.read_pod(p["namespace"], p["pod"]) is not None:
-                        self.api.delete_pod(p["namespace"], p["pod"])
+                    pod = self._patient(lambda p=p: self.api.read_pod(p["namespace"], p["pod"]))
+                    # only our own replacement: a pod that already had its name (the create's 409) is not ours
+                    ann = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+                    if pod is not None and ann.get(ANN_MOVE_ID) == seq.move_id:
+                        self._patient(lambda p=p: self.api.delete_pod(p["namespace"], p["pod"]))
+                    elif pod is not None:
+                        self._record(seq, res, StepResult(f"rollback:{op.kind.value}", True,
+                                                          f"{p['pod']} is not this move's replacement; kept"))
+                        continue
                 else:
-                    self.api.patch_pod(op.params["namespace"], op.params["pod"], dict(op.body or {}))
+                    self._patient(lambda op=op: self.api.patch_pod(op.params["namespace"], op.params["pod"],
+                                                                   dict(op.body or {})))
                 self._record(seq, res, StepResult(f"rollback:{op.kind.value}", True, op.detail))
             except ApiError as e:
                 self._record(seq, res, StepResult(f"rollback:{op.kind.value}", False, str(e)))
         res.rolled_back = True
 
+    def _patient(self, fn: Callable[[], _T]) -> _T:
+        """Take an operation, again while the API server cannot be connected to (a restart, found against a real
+        one): such a request was never delivered, so sending it again is safe. Bounded by `unreachable_s`."""
+        end = self.clock() + self.unreachable_s
+        while True:
+            try:
+                return fn()
+            except ApiError as e:
+                if e.status != 0 or self.clock() >= end:
+                    raise
+            self.sleep(self.poll_s)
+
     def _wait(self, what: str, timeout: float, check: Callable[[], bool]) -> None:
+        """Poll `check` until it holds. An API server that is briefly unreachable or overloaded (status 0,
+        429, 5xx: a restart, a rollout) only costs polls; the timeout still bounds the wait."""
         end = self.clock() + timeout
         while True:
-            if check():
-                return
+            try:
+                if check():
+                    return
+            except ApiError as e:
+                if e.status not in (0, 429) and e.status < 500:
+                    raise
+                if self.clock() >= end:
+                    raise StepFailed(f"timed out after {timeout:g} s waiting for {what} ({e})") from None
             if self.clock() >= end:
                 raise StepFailed(f"timed out after {timeout:g} s waiting for {what}")
             self.sleep(self.poll_s)
@@ -224,7 +259,16 @@ class Executor:
             self._wait(f"the application's checkpoint of {p['pod']}", p["timeout_s"], done)
             return "checkpoint written"
         if k is OpKind.CREATE_REPLACEMENT:
-            api.create_pod(p["namespace"], dict(op.body or {}))
+            try:
+                api.create_pod(p["namespace"], dict(op.body or {}))
+            except ApiError as e:
+                # 409: a pod of that name exists — ours (a create whose answer was lost, a resumed move) or not
+                existing = api.read_pod(p["namespace"], p["pod"]) if e.status == 409 else None
+                mine = ((existing or {}).get("metadata") or {}).get("annotations") or {}
+                if existing is None or mine.get(ANN_MOVE_ID) != (op.body or {}).get("metadata", {}).get(
+                        "annotations", {}).get(ANN_MOVE_ID):
+                    raise
+                return f"{p['pod']} (already created by this move)"
             return p["pod"]
         if k is OpKind.WAIT_READY:
             def ready() -> bool:
@@ -238,15 +282,22 @@ class Executor:
             self._wait(f"{p['pod']} to become Ready", p["timeout_s"], ready)
             return f"{p['pod']} Ready"
         if k is OpKind.EVICT_ORIGINAL:
-            try:
-                api.evict_pod(p["namespace"], p["pod"], dict(op.body or {}))
-            except ApiError as e:
-                if e.status == 404 and (p.get("missing_ok") or recovering):
-                    return "already removed by its ReplicaSet"
-                if e.status == 429:
-                    raise StepFailed(f"eviction refused by a PodDisruptionBudget ({e})") from None
-                raise
-            return f"{p['pod']} evicted"
+            # 429 also means "not yet": found against a real cluster, the disruption controller counts the
+            # replacement as healthy a moment after it is Ready (longer after an API server restart), so the
+            # eviction is retried for `evict_retry_s` before the PDB's refusal is taken as final
+            end = self.clock() + self.evict_retry_s
+            while True:
+                try:
+                    api.evict_pod(p["namespace"], p["pod"], dict(op.body or {}))
+                    return f"{p['pod']} evicted"
+                except ApiError as e:
+                    if e.status == 404 and (p.get("missing_ok") or recovering):
+                        return "already removed by its ReplicaSet"
+                    if e.status != 429:
+                        raise
+                    if self.clock() >= end:
+                        raise StepFailed(f"eviction refused by a PodDisruptionBudget ({e})") from None
+                self.sleep(self.poll_s)
         if k is OpKind.WAIT_DELETED:
             def gone() -> bool:
                 pod = api.read_pod(p["namespace"], p["pod"])
@@ -273,6 +324,11 @@ class ClientKubeApi:
             return fn()
         except ApiException as e:
             raise ApiError(int(e.status or 0), str(e.reason)) from None
+        except (OSError, urllib3.exceptions.HTTPError) as e:
+            reason = getattr(e, "reason", e)
+            if isinstance(reason, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
+                raise ApiError(0, f"API server unreachable (request not sent): {e}") from None
+            raise ApiError(520, f"API server connection failed: {e}") from None
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return self.api.sanitize_for_serialization(obj)

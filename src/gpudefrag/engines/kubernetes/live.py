@@ -30,7 +30,8 @@ def api_client(context: str | None = None) -> Any:
         if context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config()
             return client.ApiClient()
-        return config.new_client_from_config(context=context)
+        # $KUBECONFIG as it is now: the client reads it once, when it is imported
+        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or None, context=context)
     except Exception as e:  # the client raises ConfigException, FileNotFoundError, ...
         raise InputError("kubeconfig", f"context {context}" if context else "", f"cannot load: {e}") from None
 
@@ -38,10 +39,20 @@ def api_client(context: str | None = None) -> Any:
 def _doc(api: Any, kind: str, items: list[Any]) -> dict[str, Any]:
     out = []
     for it in items:
-        d = api.sanitize_for_serialization(it)
+        d = it if isinstance(it, dict) else api.sanitize_for_serialization(it)
         d.setdefault("kind", kind)
         out.append(d)
     return {"apiVersion": "v1", "kind": "List", "items": out}
+
+
+def _raw_items(resp: Any) -> list[dict[str, Any]]:
+    """The `items` of a list call made with `_preload_content=False`: the server's JSON as is. Measured against a
+    real API server, building the client's model objects and serialising them back cost ~8 s of CPU for 7,000
+    pods; json.loads costs a fraction of that and gives the same dicts."""
+    import json
+
+    doc = json.loads(resp.data)
+    return list(doc.get("items") or [])
 
 
 def read_live(context: str | None = None, *, api: Any = None, now: Callable[[], float] = time.time) -> KubeCluster:
@@ -67,18 +78,20 @@ def read_live(context: str | None = None, *, api: Any = None, now: Callable[[], 
         except Exception as e:  # urllib3 connection errors and the like
             raise InputError("cluster", where, f"{what}: {e}") from None
 
-    docs.append(("nodes", _doc(api, "Node", call("list nodes", core.list_node).items)))
-    docs.append(("pods", _doc(api, "Pod", call("list pods", core.list_pod_for_all_namespaces).items)))
+    raw = {"_preload_content": False}
+    docs.append(("nodes", _doc(api, "Node", _raw_items(call("list nodes", lambda: core.list_node(**raw))))))
+    docs.append(("pods", _doc(api, "Pod", _raw_items(call(
+        "list pods", lambda: core.list_pod_for_all_namespaces(**raw))))))
     quotas = call("list resourcequotas", core.list_resource_quota_for_all_namespaces)
     docs.append(("resourcequotas", _doc(api, "ResourceQuota", quotas.items)))
     pdbs = call("list poddisruptionbudgets", policy.list_pod_disruption_budget_for_all_namespaces, optional=True)
     if pdbs is not None:
         docs.append(("poddisruptionbudgets", _doc(api, "PodDisruptionBudget", pdbs.items)))
     for reason in EVENT_REASONS:
-        ev = call(f"list events {reason}",
-                  lambda r=reason: core.list_event_for_all_namespaces(field_selector=f"reason={r}"), optional=True)
+        ev = call(f"list events {reason}", lambda r=reason: core.list_event_for_all_namespaces(
+            field_selector=f"reason={r}", **raw), optional=True)
         if ev is not None:
-            docs.append((f"events/{reason}", _doc(api, "Event", ev.items)))
+            docs.append((f"events/{reason}", _doc(api, "Event", _raw_items(ev))))
     cm = call("read configmap kube-system/cluster-autoscaler-status",
               lambda: core.read_namespaced_config_map("cluster-autoscaler-status", "kube-system"), optional=True)
     if cm is not None:

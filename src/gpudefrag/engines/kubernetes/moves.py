@@ -35,6 +35,9 @@ ANN_CKPT_REQUEST = "gpudefrag.io/checkpoint-request"
 ANN_CKPT_DEST = "gpudefrag.io/checkpoint-dest"
 ANN_CKPT_DONE = "gpudefrag.io/checkpoint-done"
 ANN_CKPT_MODE = "gpudefrag.io/checkpoint"  # on a pod: "app" or "kubelet" chooses how it is checkpointed
+# on a pod: "recreate" = stateless (e.g. an inference replica): moved without a checkpoint, the replacement starts
+# fresh from the pod's own image. Only the pod's owner can opt in; no option turns it on for other pods.
+ANN_MOVE = "gpudefrag.io/move"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 HOSTNAME = "kubernetes.io/hostname"
 _STRIP_META = ("uid", "resourceVersion", "creationTimestamp", "managedFields", "ownerReferences", "generateName",
@@ -88,7 +91,7 @@ class MoveSequence:
     target: str
     move_id: str
     strategy: str  # bare-pod | replicaset | refused
-    checkpoint_mode: str  # kubelet | app
+    checkpoint_mode: str  # kubelet | app | recreate (the pod opted in to a move without state)
     ops: tuple[Op, ...] = ()
     rollback: tuple[Op, ...] = ()
     refused: str | None = None  # why no sequence was built (nothing will be touched)
@@ -175,7 +178,8 @@ def _pod_path(ns: str, name: str, sub: str = "") -> str:
 def replacement_manifest(info: PodInfo, target: str, move_id: str, *, name: str, mode: str, strategy: str,
                          options: MoveOptions) -> dict[str, Any]:
     """The replacement pod: the original's spec, pinned to `target` by required node affinity, restoring from
-    the checkpoint (kubelet mode: each container's checkpoint image; app mode: GPUDEFRAG_RESTORE_FROM)."""
+    the checkpoint (kubelet mode: each container's checkpoint image; app mode: GPUDEFRAG_RESTORE_FROM;
+    recreate mode: nothing to restore, the pod's own image)."""
     raw = copy.deepcopy(dict(info.raw))
     meta = raw.get("metadata") or {}
     for k in _STRIP_META:
@@ -189,8 +193,9 @@ def replacement_manifest(info: PodInfo, target: str, move_id: str, *, name: str,
     ann = {k: v for k, v in (meta.get("annotations") or {}).items()
            if k not in ("kubectl.kubernetes.io/last-applied-configuration", DELETION_COST)}
     dest = f"{options.checkpoint_root}/{info.namespace}/{info.name}/{move_id}"
-    ann.update({ANN_MIGRATED_FROM: f"{info.namespace}/{info.name}", ANN_MOVE_ID: move_id,
-                ANN_RESTORE_FROM: dest if mode == "app" else "kubelet-checkpoint-image"})
+    ann.update({ANN_MIGRATED_FROM: f"{info.namespace}/{info.name}", ANN_MOVE_ID: move_id})
+    if mode != "recreate":
+        ann[ANN_RESTORE_FROM] = dest if mode == "app" else "kubelet-checkpoint-image"
     meta["annotations"] = ann
     spec = raw.get("spec") or {}
     spec.pop("nodeName", None)
@@ -209,7 +214,7 @@ def replacement_manifest(info: PodInfo, target: str, move_id: str, *, name: str,
         if mode == "kubelet":
             c["image"] = options.checkpoint_image.format(namespace=info.namespace, pod=info.name,
                                                          container=c.get("name", ""), move_id=move_id)
-        else:
+        elif mode == "app":
             env = [e for e in c.get("env") or [] if e.get("name") != "GPUDEFRAG_RESTORE_FROM"]
             env.append({"name": "GPUDEFRAG_RESTORE_FROM", "value": dest})
             c["env"] = env
@@ -242,6 +247,8 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
         mode = "app" if info.annotations.get(ANN_CKPT_MODE) == "app" else "kubelet"
     if mode not in ("kubelet", "app"):
         mode = "kubelet"
+    if info is not None and info.annotations.get(ANN_MOVE) == "recreate":
+        mode = "recreate"
     if info is None or info.synthetic:
         return _refuse(wid, move, mid, mode, f"no running pod {wid!r} in the cluster")
     if info.node != move.source:
@@ -251,8 +258,15 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
     owner = info.owner
     if owner is None:
         strategy = "bare-pod"
-    elif owner.kind == "ReplicaSet":
+    elif owner.kind == "ReplicaSet" and info.labels.get("pod-template-hash"):
         strategy = "replicaset"
+    elif owner.kind == "ReplicaSet":
+        # found against a real API server: a ReplicaSet not made by a Deployment has no pod-template-hash in its
+        # selector, so the replacement (same labels) is adopted the moment it is created and the ReplicaSet
+        # deletes one pod at once — the not-yet-Ready replacement first, or the original before it is replaced
+        return _refuse(wid, move, mid, mode, f"owned by ReplicaSet {owner.name}, which no Deployment manages (its "
+                       "pods carry no pod-template-hash): it would adopt the replacement before it is Ready; "
+                       "not moved")
     else:
         why = {
             "Job": f"owned by Job {owner.name}: the Job controller would treat an adopted replacement as surplus "
@@ -298,7 +312,7 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
             ops.append(Op(OpKind.PUBLISH_CHECKPOINT, "AGENT", image,
                           detail=f"turn the checkpoint archive of {c} into image {image} (node agent)",
                           params={"container": c, "image": image, "node": info.node}))
-    else:
+    elif mode == "app":
         dest = f"{options.checkpoint_root}/{ns}/{pod}/{mid}"
         ops.append(Op(OpKind.REQUEST_APP_CHECKPOINT, "PATCH", _pod_path(ns, pod),
                       body={"metadata": {"annotations": {ANN_CKPT_REQUEST: mid, ANN_CKPT_DEST: dest}}},

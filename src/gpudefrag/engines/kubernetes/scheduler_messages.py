@@ -16,6 +16,7 @@ from ...core.diagnose import CauseCode as C
 _HEAD = re.compile(r"(\d+)/(\d+) nodes are available:\s*(.*)", re.S)
 _SPLIT = re.compile(r",\s+(?=\d+\s)")
 _ITEM = re.compile(r"^(\d+)\s+(.*)$", re.S)
+_END = re.compile(r"\.\s+")
 
 # (pattern, causes it supports); first match wins
 _RULES: tuple[tuple[re.Pattern[str], tuple[C, ...]], ...] = (
@@ -66,7 +67,10 @@ def parse_message(message: str) -> tuple[int | None, list[Reason]]:
             return None, [_reason(part) for part in _SPLIT.split(sub.group(1).rstrip(". "))]
         return None, [Reason(None, main.strip(), classify(main))]
     total = int(m.group(2))
-    return total, [_reason(part) for part in _SPLIT.split(m.group(3).strip().rstrip("."))
+    # the reasons end at the first sentence end; what follows before "preemption:" is a post-filter plugin's
+    # own note (a real v1.35 scheduler adds DRA's "no new claims to deallocate,")
+    reasons = _END.split(m.group(3).strip(), maxsplit=1)[0]
+    return total, [_reason(part) for part in _SPLIT.split(reasons.strip().rstrip("."))
                    if part.strip() and not _INFO.search(part)]
 
 

@@ -1,0 +1,243 @@
+"""The real control plane the `kube` tests run against (tools/kubecluster/cluster.sh), and the objects they put
+in it: fake GPU nodes that KWOK keeps Ready, GPU pods, owners, quotas, PDBs.
+
+Nodes are cluster-wide, so every test starts from an empty cluster (`KubeLab.reset`) and builds its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+TOOLS = REPO / "tools" / "kubecluster"
+H100 = "NVIDIA-H100-80GB-HBM3"
+GPU = "nvidia.com/gpu"
+TEST_LABEL = "gpudefrag.io/test"  # on every namespace a test creates, so reset finds them
+
+
+def gpu_node(name: str, gpus: int = 8, *, product: str = H100, plugin: bool = True,
+             taints: list[dict[str, str]] | None = None, unschedulable: bool = False,
+             mig: dict[str, int] | None = None, full_gpus: int | None = None, pool: str = "gpu-h100",
+             driver: str = "550.54.15", cuda: str = "12.4") -> dict[str, Any]:
+    """A node as GPU feature discovery and the NVIDIA device plugin would leave it. `plugin=False`: the labels
+    say `gpus` GPUs but the kubelet advertises none (the device plugin never registered)."""
+    major, minor, rev = driver.split(".")
+    labels = {
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "type": "kwok", "gpudefrag.io/pool": pool, "eks.amazonaws.com/nodegroup": pool,
+        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/cuda.driver-version.full": driver, "nvidia.com/cuda.driver.major": major,
+        "nvidia.com/cuda.driver.minor": minor, "nvidia.com/cuda.driver.rev": rev,
+        "nvidia.com/cuda.runtime-version.full": cuda, "nvidia.com/cuda.runtime.major": cuda.split(".")[0],
+        "nvidia.com/cuda.runtime.minor": cuda.split(".")[1],
+        "nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed" if mig else "none",
+    }
+    res = {"cpu": "192", "memory": "2048Gi", "pods": "110", "ephemeral-storage": "3500Gi"}
+    if plugin:
+        res[GPU] = str(gpus if full_gpus is None else full_gpus)
+        for prof, c in (mig or {}).items():
+            res[f"nvidia.com/mig-{prof}"] = str(c)
+            labels[f"nvidia.com/mig-{prof}.count"] = str(c)
+    spec: dict[str, Any] = {}
+    if taints:
+        spec["taints"] = taints
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "spec": spec, "status": {"capacity": res, "allocatable": dict(res)}}
+
+
+def pod_spec(gpus: int, *, node: str | None = None, mig: str | None = None, selector: dict[str, str] | None = None,
+             tolerations: list[dict[str, Any]] | None = None, models: list[str] | None = None,
+             restart: str = "Always") -> dict[str, Any]:
+    limits = {GPU: str(gpus)} if gpus else {}
+    if mig:
+        limits = {f"nvidia.com/mig-{mig}": "1"}
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "registry.local/gpu-app:1",
+                        "resources": {"limits": limits, "requests": dict(limits, cpu="4", memory="32Gi")}}],
+        "restartPolicy": restart, "terminationGracePeriodSeconds": 0, "automountServiceAccountToken": False,
+    }
+    if node:
+        spec["nodeName"] = node
+    if selector:
+        spec["nodeSelector"] = selector
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if models:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": models}]}]}}}
+    return spec
+
+
+def gpu_pod(name: str, gpus: int, ns: str = "ml", *, labels: dict[str, str] | None = None,
+            annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels or {"app": name},
+                         "annotations": annotations or {}},
+            "spec": pod_spec(gpus, **spec)}
+
+
+def owner(kind: str, name: str, gpus: int, ns: str = "ml", *, replicas: int = 1, node: str | None = None,
+          annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Deployment, ReplicaSet or StatefulSet whose pods ask for `gpus` GPUs, bound straight to `node` when
+    given (so a test decides the layout, not the scheduler)."""
+    labels = {"app": name}
+    tmpl = {"metadata": {"labels": labels, "annotations": annotations or {}}, "spec": pod_spec(gpus, node=node)}
+    spec: dict[str, Any] = {"replicas": replicas, "selector": {"matchLabels": labels}, "template": tmpl}
+    if kind == "StatefulSet":
+        spec["serviceName"] = name
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+def namespace(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {TEST_LABEL: "1"}}}
+
+
+def quota(ns: str, gpus: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu-quota", "namespace": ns},
+            "spec": {"hard": {f"requests.{GPU}": str(gpus)}}}
+
+
+def pdb(name: str, ns: str, match: dict[str, str], *, min_available: int | None = None,
+        max_unavailable: int | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selector": {"matchLabels": match}}
+    if min_available is not None:
+        spec["minAvailable"] = min_available
+    if max_unavailable is not None:
+        spec["maxUnavailable"] = max_unavailable
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name, "namespace": ns},
+            "spec": spec}
+
+
+DUMP_KINDS = "nodes,pods,resourcequotas,poddisruptionbudgets,events"
+
+
+@dataclass
+class KubeLab:
+    dir: Path
+    bin: Path
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "admin.kubeconfig"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    # ------------------------------------------------------------------ kubectl
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run([str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args],
+                           input=input, capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {p.stderr.strip()}")
+        return p
+
+    def create(self, *objs: dict[str, Any]) -> None:
+        """`kubectl create` in order (namespaces and quotas before what they govern)."""
+        self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}))
+
+    def get(self, what: str, *names: str, ns: str | None = None) -> dict[str, Any]:
+        args = ["get", what, *names, "-o", "json"]
+        args += ["-n", ns] if ns else (["-A"] if not names else [])
+        return json.loads(self.kubectl(*args).stdout)
+
+    def pods(self, ns: str) -> list[dict[str, Any]]:
+        return self.get("pods", ns=ns)["items"]
+
+    def dump(self, path: Path) -> Path:
+        """What the docs tell a user to run, by the real kubectl."""
+        path.write_text(self.kubectl("get", DUMP_KINDS, "-A", "-o", "json").stdout)
+        return path
+
+    def client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(str(self.kubeconfig))
+
+    # ------------------------------------------------------------------ waiting
+    @staticmethod
+    def wait(what: str, check: Callable[[], Any], timeout: float = 90, every: float = 0.3) -> Any:
+        end = time.monotonic() + timeout
+        while True:
+            got = check()
+            if got:
+                return got
+            if time.monotonic() > end:
+                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            time.sleep(every)
+
+    def namespaces(self, *names: str) -> None:
+        """Create test namespaces and wait for their default ServiceAccount (pods are refused until it exists)."""
+        self.create(*(namespace(n) for n in names))
+        for n in names:
+            self.wait(f"serviceaccount {n}/default", lambda n=n: self.kubectl(
+                "-n", n, "get", "serviceaccount", "default", check=False).returncode == 0)
+
+    def nodes(self, *nodes: dict[str, Any]) -> None:
+        """Create nodes and wait until KWOK reports every one Ready, with the GPUs the test gave it."""
+        self.create(*nodes)
+        want = {n["metadata"]["name"]: n["status"]["allocatable"] for n in nodes}
+
+        def ready() -> bool:
+            items = {n["metadata"]["name"]: n for n in self.get("nodes")["items"]}
+            for name, alloc in want.items():
+                n = items.get(name)
+                if n is None or not any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in n["status"].get("conditions") or []):
+                    return False
+                if n["status"].get("allocatable", {}).get(GPU) != alloc.get(GPU):
+                    return False
+            return True
+
+        self.wait("nodes Ready", ready)
+
+    def scheduled_or_refused(self, ns: str, names: Iterable[str], timeout: float = 90) -> None:
+        """Wait until each pod is either Running and Ready, or has the scheduler's PodScheduled=False message."""
+        def settled() -> bool:
+            by = {p["metadata"]["name"]: p for p in self.pods(ns)}
+            for n in names:
+                p = by.get(n)
+                if p is None:
+                    return False
+                conds = {c["type"]: c for c in p["status"].get("conditions") or []}
+                ps = conds.get("PodScheduled")
+                if ps and ps["status"] == "False" and ps.get("message"):
+                    continue
+                if conds.get("Ready", {}).get("status") != "True":
+                    return False
+            return True
+
+        self.wait(f"pods {list(names)} settled", settled, timeout)
+
+    def events(self, ns: str, reason: str) -> list[dict[str, Any]]:
+        return [e for e in self.get("events", ns=ns)["items"] if e.get("reason") == reason]
+
+    # ------------------------------------------------------------------ isolation
+    def reset(self) -> None:
+        """Back to an empty cluster: the test namespaces (and so their pods) and every node go."""
+        ns = [n["metadata"]["name"] for n in self.get("namespaces")["items"]
+              if (n["metadata"].get("labels") or {}).get(TEST_LABEL)]
+        if ns:
+            for n in ns:
+                self.kubectl("-n", n, "delete", "pods", "--all", "--force", "--grace-period=0", "--wait=false",
+                             check=False)
+            self.kubectl("delete", "namespace", *ns, "--wait=false", check=False)
+        self.kubectl("delete", "nodes", "--all", "--wait=false", check=False)
+
+        def empty() -> bool:
+            left = [n for n in self.get("namespaces")["items"] if (n["metadata"].get("labels") or {}).get(TEST_LABEL)]
+            return not left and not self.get("nodes")["items"]
+
+        self.wait("test namespaces and nodes to go", empty, timeout=180)

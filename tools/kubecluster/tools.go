@@ -1,0 +1,13 @@
+//go:build tools
+
+// Package tools pins the Kubernetes control-plane commands the real-cluster tests
+// run (built by scripts/kube-cluster.sh build); nothing here is compiled.
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
