@@ -42,11 +42,13 @@ class KubeMoveExecutor:
     def busy_workloads(self) -> set[str]:
         return {m.workload_id for m in self.active()}
 
-    def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None) -> Admission:
+    def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None,
+               compat: dict[str, Any] | None = None) -> Admission:
         """Journal the moves the budget allows; the rest are deferred with why (the same rules as the Slurm
-        side: `gpudefrag.control.executor.admit`)."""
+        side: `gpudefrag.control.executor.admit`). `compat`: the rule the moves were planned under, journaled
+        with them as on the Slurm side (a pod move checks it when it picks the replacement's node)."""
         return admit(self.journal, self.config, moves, now=self.clock(), reason=reason,
-                     data=lambda _mv: {"engine": ENGINE, "plan": plan or {}})
+                     data=lambda _mv: {"engine": ENGINE, "plan": plan or {}, **({"compat": compat} if compat else {})})
 
     def tick(self) -> list[Migration]:
         out: list[Migration] = []
