@@ -11,8 +11,8 @@ import yaml
 from gpudefrag.control.controller import Controller
 from gpudefrag.control.executor import ExecutorConfig
 from gpudefrag.control.journal import Journal, MigrationState
+from gpudefrag.control.kube_executor import KubeMoveExecutor
 from gpudefrag.engines.kubernetes import InMemoryApi, KubernetesEngine, load_dump
-from gpudefrag.engines.kubernetes.control import KubeMoveExecutor
 from gpudefrag.policy.loader import parse_policy
 
 HERE = Path(__file__).parent

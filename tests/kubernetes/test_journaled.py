@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpudefrag.control.journal import Journal, MigrationState
+from gpudefrag.control.kube_journaled import JournaledMoves
 from gpudefrag.engines.kubernetes import Executor, InMemoryApi, KubeCluster, SimpleMove, build_move
-from gpudefrag.engines.kubernetes.journaled import JournaledMoves
 from gpudefrag.engines.kubernetes.moves import Op
 
 BARE = SimpleMove("ml/notebook-ana", "gpu-node-1", "gpu-node-3")

@@ -95,7 +95,7 @@ def controller(
     if not dry_run and engine == "kubernetes":
         # pods are moved as checked API-operation sequences (create pinned replacement, wait ready, evict
         # original), journaled the same way; no job wrapper or shared run dir is involved
-        from ..engines.kubernetes.control import KubeMoveExecutor
+        from ..control.kube_executor import KubeMoveExecutor
 
         kj = Journal(_journal_path(journal), on_write=crash_hook_from_env())
         from ..engines.kubernetes.moves import MoveOptions

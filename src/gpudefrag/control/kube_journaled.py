@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...control.journal import Journal, Migration, MigrationState
-from .executor import Executor, MoveResult
-from .moves import MoveSequence, Op, OpKind
+from ..engines.kubernetes.executor import Executor, MoveResult
+from ..engines.kubernetes.moves import MoveSequence, Op, OpKind
+from .journal import Journal, Migration, MigrationState
 
 S = MigrationState
 _STATE = {

@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...control.executor import Admission, ExecutorConfig, MoveLike, admit
-from ...control.journal import Journal, Migration, MigrationState
-from .engine import KubernetesEngine
-from .executor import Executor, Publisher
-from .journaled import ENGINE, JournaledMoves
-from .moves import MoveOptions, SimpleMove, build_move
+from ..engines.kubernetes.engine import KubernetesEngine
+from ..engines.kubernetes.executor import Executor, Publisher
+from ..engines.kubernetes.moves import MoveOptions, SimpleMove, build_move
+from .executor import Admission, ExecutorConfig, MoveLike, admit
+from .journal import Journal, Migration, MigrationState
+from .kube_journaled import ENGINE, JournaledMoves
 
 
 class KubeMoveExecutor:
