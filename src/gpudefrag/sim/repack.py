@@ -70,59 +70,58 @@ def _attempt(s: _Search, step: Callable[[], Choice | None]) -> Choice | None:
 
 @dataclass
 class _Search:
-    """One rescue's tentative changes: the cluster and `placed` are edited in place and can be undone."""
+    """One rescue's tentative changes, made in place inside one statement of the capacity model
+    (core/capacity.py): the cluster's arrays and `placed` (kept beside them through `Capacity.note`) are
+    changed together and rolled back together."""
 
     cl: Cluster
     placed: Placed
     policy: Policy
     rng: np.random.Generator
     limit: int
-    log: list[tuple[str, object, object]] = field(default_factory=list)
     limbo: set[int] = field(default_factory=set)  # ejected pods waiting for a place (still listed in `placed`)
     orig: dict[int, Choice] = field(default_factory=dict)  # where each touched pod started
+
+    def __post_init__(self) -> None:
+        self.cl.mark()
 
     # ------------------------------------------------------------------ reversible primitives
     def eject(self, pid: int) -> None:
         pod, ch = self.placed.pods[pid]
+        cl, limbo = self.cl, self.limbo
         if pid not in self.orig:
             self.orig[pid] = ch
-            self.log.append(("orig", pid, ch))
+            cl.note(lambda: self.orig.pop(pid))
             if len(self.orig) > self.limit:
                 raise _Abort
-        self.cl.remove(pod, ch)
-        self.limbo.add(pid)
-        self.log.append(("eject", pid, ch))
+        cl.give(ch.node, ch.gpus, pod)
+        limbo.add(pid)
+        cl.note(lambda: limbo.discard(pid))
 
     def put(self, pid: int, ch: Choice) -> None:
         pod, old = self.placed.pods[pid]
-        self.cl.place(pod, ch)
-        self.placed.move(pid, ch)
-        self.limbo.discard(pid)
-        self.log.append(("put", pid, old))
+        placed, limbo = self.placed, self.limbo
+        self.cl.take(ch.node, ch.gpus, pod)
+        placed.move(pid, ch)
+        limbo.discard(pid)
+
+        def back() -> None:
+            placed.move(pid, old)
+            limbo.add(pid)
+
+        self.cl.note(back)
 
     def put_new(self, pod: Pod, ch: Choice) -> None:
-        self.cl.place(pod, ch)
-        self.log.append(("new", pod, ch))
+        self.cl.take(ch.node, ch.gpus, pod)
 
     def mark(self) -> int:
-        return len(self.log)
+        return self.cl.mark()
 
-    def undo(self, mark: int = 0) -> None:
-        while len(self.log) > mark:
-            op, a, b = self.log.pop()
-            if op == "eject":
-                pod, _ = self.placed.pods[a]  # type: ignore[index]
-                self.cl.place(pod, b)  # type: ignore[arg-type]
-                self.limbo.discard(a)  # type: ignore[arg-type]
-            elif op == "orig":
-                del self.orig[a]  # type: ignore[arg-type]
-            elif op == "put":
-                pod, ch = self.placed.pods[a]  # type: ignore[index]
-                self.cl.remove(pod, ch)
-                self.placed.move(a, b)  # type: ignore[arg-type]
-                self.limbo.add(a)  # type: ignore[arg-type]
-            else:
-                self.cl.remove(a, b)  # type: ignore[arg-type]
+    def undo(self, mark: int | None = None) -> None:
+        """Roll back to `mark`; without one, to the start, closing the statement."""
+        self.cl.rollback(mark or 0)
+        if mark is None:
+            self.cl.commit()
 
     def moved(self) -> list[int]:
         return [p for p, ch in self.orig.items() if self.placed.pods[p][1] != ch]
@@ -404,6 +403,7 @@ class ChainRepacker:
 
     # ------------------------------------------------------------------ commit
     def _commit(self, cl: Cluster, placed: Placed, stats: MoveStats, s: _Search) -> None:
+        cl.commit()
         for pid in s.moved():
             p, now = placed.pods[pid]
             was = s.orig[pid]
