@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .capacity import Shape
+from .capacity import Shape, fits
 from .model import MILLI, ClusterState, Node, Request, Toleration
 
 
@@ -135,11 +135,8 @@ def fit_count(free: np.ndarray, gpu_milli: int) -> np.ndarray:
 def capacity_fits(
     free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, request: Request
 ) -> np.ndarray:
-    """Nodes where one node's part of the request fits by free capacity alone."""
-    ok = (cpu_free >= request.cpu_milli) & (mem_free >= request.memory_mib)
-    if request.gpus_per_node > 0:
-        ok &= fit_count(free, request.gpu_milli) >= request.gpus_per_node
-    return ok
+    """Nodes where one node's part of the request fits by free capacity alone (the capacity model's fit)."""
+    return fits(free, cpu_free, mem_free, Shape.of(request))
 
 
 def fits_mask(state: ClusterState, request: Request) -> np.ndarray:

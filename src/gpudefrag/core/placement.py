@@ -57,6 +57,7 @@ class Cluster(Capacity):
     tags: np.ndarray = field(init=False)
     _model_masks: dict[tuple[str, ...], np.ndarray] = field(init=False, default_factory=dict)
     _fgd: _FgdCache | None = field(init=False, default=None)
+    _dirty: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         Capacity.__init__(self, self.free, self.cpu_free, self.mem_free)
@@ -157,13 +158,17 @@ class Cluster(Capacity):
 
     def _changed(self, node: int) -> None:
         if self._fgd is not None:
-            self._fgd.refresh(self, np.array([node]))
+            self._dirty.add(node)  # refreshed when the measure is next read (a search changes rows many times)
 
     def _fgd_cache(self) -> _FgdCache:
         if self._fgd is None:
             if self.mix is None:
                 raise ValueError("the FGD measure needs a workload mix (Cluster.mix)")
             self._fgd = _FgdCache(self, self.mix)
+            self._dirty.clear()
+        elif self._dirty:
+            self._fgd.refresh(self, np.fromiter(self._dirty, dtype=np.int64, count=len(self._dirty)))
+            self._dirty.clear()
         return self._fgd
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..core.cost import CostModel
 from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod, Policy
-from .costs import checkpoint_bytes, move_seconds
+from .costs import record_move
 from .replay import MoveStats, Placed
 
 BIG = 1 << 30
@@ -209,10 +209,7 @@ class ArrayDefragmenter:
             self.last_moved.append((v, was, ch))
             if self.action == "migrate":
                 stats.moves += 1
-                b = checkpoint_bytes(p, cl.models[was.node])
-                stats.moved_milli += p.gpu_total
-                stats.moved_bytes += b
-                stats.move_seconds += move_seconds(b, self.cost_model)
+                record_move(stats, p, cl, was, ch, self.cost_model)
             else:
                 stats.evictions += 1
         for v in lost:

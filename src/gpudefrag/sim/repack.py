@@ -39,7 +39,7 @@ import numpy as np
 from ..core.cost import CostModel
 from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod, Policy
-from .costs import checkpoint_bytes, move_seconds
+from .costs import GIB, checkpoint_bytes, record_move
 from .cpu_relief import relieve
 from .pool_repack import covered, pool_repack
 from .replay import MoveStats, Placed
@@ -153,11 +153,13 @@ class ChainRepacker:
     scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
     movable: Callable[[Pod], bool] | None = None
     cost_model: CostModel | None = None
+    gib_per_gpu: float = 0.0  # the move price: a rescue may move at most this many GiB per GPU placed; 0 = free
     check_clearable: bool = True  # count multi-GPU failures that unlimited moves would have rescued
     last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)
     _failed: dict[tuple[int, tuple[str, ...]], list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
     _state: tuple[int, int, int] = (-1, -1, -1)
     _pool_memo: dict = field(default_factory=dict, repr=False)
+    _priced_out: bool = field(default=False, repr=False)
 
     # ------------------------------------------------------------------ entry point
     def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
@@ -176,18 +178,23 @@ class ChainRepacker:
         known = covered(dims, self._failed.get(key, ()))
         if limit > 0 and not known:
             s = _Search(cl, placed, policy, rng, limit)
-            choice = self._relieve(s, pod) if self.cpu_relief else None
-            if choice is None:
-                choice = self._try(s, pod)
-            if choice is None and self.pool:
-                choice = self._pool(s, pod)
-            if choice is not None:
-                self._commit(cl, placed, stats, s)
-                return choice
-            self._failed.setdefault(key, []).append(dims)
+            self._priced_out = False
+            stages = ((self._relieve,) if self.cpu_relief else ()) + (self._try,) + ((self._pool,) if self.pool else ())
+            for stage in stages:
+                choice = stage(s, pod)
+                if choice is None:
+                    continue
+                if self._worth_it(s, pod):
+                    self._commit(cl, placed, stats, s)
+                    return choice
+                self._priced_out = True
+                s.undo()  # found, but it moves more than it is worth: the next stage may do it cheaper
+            if not self._priced_out:  # (a priced-out pod proves nothing about a larger one)
+                self._failed.setdefault(key, []).append(dims)
         if self.check_clearable and pod.num_gpu > 1:
             s = _Search(cl, placed, policy, rng, BIG)
-            if (self.cpu_relief and self._relieve(s, pod) is not None) or self._try(s, pod) is not None:
+            if ((self.cpu_relief and self._relieve(s, pod) is not None)
+                    or self._try(s, pod, priced=False) is not None):
                 stats.multi_gpu_failed_clearable += 1
             s.undo()
         return None
@@ -198,18 +205,27 @@ class ChainRepacker:
     def _pool(self, s: _Search, pod: Pod) -> Choice | None:
         return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_seconds, self.movable, self._pool_memo))
 
-    def _try(self, s: _Search, pod: Pod) -> Choice | None:
+    def _try(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
         try:
             for n, gpus in self._targets(s, pod):
                 m = s.mark()
                 ch = self._take(s, pod, n, gpus, self.depth)
-                if ch is not None:
+                if ch is not None and (not priced or self._worth_it(s, pod)):
                     return ch
+                self._priced_out |= ch is not None
                 s.undo(m)
         except _Abort:
             pass
         s.undo()
         return None
+
+    def moved_gib(self, s: _Search) -> float:
+        """Checkpoint GiB the search's moves would write (sim/costs.py's size model)."""
+        return sum(checkpoint_bytes(s.placed.pods[p][0], s.cl.models[s.orig[p].node]) for p in s.moved()) / GIB
+
+    def _worth_it(self, s: _Search, pod: Pod) -> bool:
+        """Is placing `pod` worth the moves: at most `gib_per_gpu` GiB of checkpoints per GPU it places."""
+        return self.gib_per_gpu <= 0 or self.moved_gib(s) <= self.gib_per_gpu * pod.gpu_total / MILLI
 
     # ------------------------------------------------------------------ targets
     def _movable(self, s: _Search, pid: int) -> bool:
@@ -256,6 +272,17 @@ class ChainRepacker:
         if len(rows) == 0:
             return []
         order = np.argsort(-free[rows, cols], kind="stable")[: self.scan]
+        # only GPUs whose ejectable pods (smaller ones, not already ejected) hold enough share: one vectorised
+        # pass over all sharing pods instead of a Python look at each GPU's pods
+        pods = s.placed.sharing_rows()
+        live = pods[:, 3] == 1
+        if s.limbo:
+            live[list(s.limbo)] = False
+        small = live & ((pods[:, 2] < size) | (self.swaps & (pods[:, 2] == size)))
+        width = free.shape[1]
+        held = np.bincount(pods[small, 0] * width + pods[small, 1], weights=pods[small, 2], minlength=free.size)
+        r, c = rows[order], cols[order]
+        order = order[held[r * width + c] >= size - free[r, c]]
         out: list[tuple[int, int, list[int], int]] = []
         for i in order:
             if len(out) >= 4 * self.breadth:
@@ -409,7 +436,4 @@ class ChainRepacker:
             was = s.orig[pid]
             self.last_moved.append((pid, was, now))
             stats.moves += 1
-            b = checkpoint_bytes(p, cl.models[was.node])
-            stats.moved_milli += p.gpu_total
-            stats.moved_bytes += b
-            stats.move_seconds += move_seconds(b, self.cost_model)
+            record_move(stats, p, cl, was, now, self.cost_model)
