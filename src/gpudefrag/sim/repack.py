@@ -20,11 +20,15 @@ moves find nothing). `ChainRepacker` tries three things in turn, cheapest first:
    (`cpu_swaps`): when saturated, the free GPUs sit on CPU-poor nodes and the free CPU on GPU-full ones.
 3. **Pool repack** (`sim/pool_repack.py`, one-GPU pods). CP-SAT repacks the `pool` partly used GPUs with the
    most share free, with CPU relief for the nodes that need CPU, fewest moves first.
-4. **All or nothing.** Every change is logged; a rescue whose victims cannot all be re-placed, or that would move
-   more pods than allowed, is undone exactly. A pod moved (its node or GPU changed) counts once per rescue,
+4. **All or nothing.** Every change is made inside one statement of the capacity model (core/capacity.py,
+   `mark` / `rollback` / `commit`); a rescue whose victims cannot all be re-placed, or that would move more pods
+   than allowed, is rolled back exactly. A pod moved (its node or GPU changed) counts once per rescue,
    however often it was touched; a pod that ends where it started is not a move.
 
-A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. Multi-GPU
+A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. A move
+price (`gib_per_gpu`) makes it weigh what the moves cost: a rescue may write at most that many GiB of checkpoints
+(sim/costs.py's size model) per GPU it places; a dearer one is undone and the next stage (or target) tried.
+Moves are priced by core.cost, as the planner prices them. Multi-GPU
 pods that fail are checked once more with unlimited moves (not applied) and counted in
 `MoveStats.multi_gpu_failed_clearable` when relief or a repack could have placed them.
 """
