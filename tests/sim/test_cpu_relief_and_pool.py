@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpudefrag.core.model import MILLI
 from gpudefrag.core.placement import Choice, Pod, get_policy
+from gpudefrag.sim.pool_repack import bins_needed
 from gpudefrag.sim.repack import ChainRepacker
 from gpudefrag.sim.replay import MoveStats
 
@@ -113,3 +116,36 @@ def test_a_pool_that_failed_is_not_solved_again_for_a_pod_at_least_as_large(monk
     assert len(calls) == first
     assert _rescue(ChainRepacker(max_moves=2, budget=10, pool=8), cl, Pod(1, MILLI, 2_000), placed)[0] is None
     assert len(calls) > first  # a fresh repacker solves again
+
+
+def _fewest_bins(sizes: list[int], cap: int = MILLI) -> int:
+    """Exact bin packing by search (tiny inputs only)."""
+    def fits(items: list[int], bins: list[int]) -> bool:
+        if not items:
+            return True
+        w, rest = items[0], items[1:]
+        seen = set()
+        for i, load in enumerate(bins):
+            if load + w <= cap and load not in seen:
+                seen.add(load)
+                bins[i] += w
+                if fits(rest, bins):
+                    return True
+                bins[i] -= w
+        return False
+
+    items = sorted(sizes, reverse=True)
+    return next(b for b in range(len(items) + 1) if fits(items, [0] * b))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 10).map(lambda k: 100 * k), min_size=1, max_size=7))
+def test_the_pool_bin_bound_never_exceeds_the_fewest_gpus(sizes):
+    assert bins_needed(sizes) <= _fewest_bins(sizes)
+
+
+def test_the_pool_bin_bound_sees_what_total_share_does_not():
+    # 4 × 510 milli: the total (2040) says 3 GPUs, but no two share one: 4
+    assert bins_needed([600, 600, 600, 400, 400, 400]) == 3
+    assert bins_needed([600, 600, 600, 500]) == 4
+    assert bins_needed([510] * 4) == 4

@@ -199,3 +199,25 @@ def test_static_run_selects_the_repacker(tmp_path):
     res = run_one(run)
     assert res.policy == "fgd+repack" and res.stats.evictions == 0
     assert res.alloc_pct.max() <= 100.0
+
+
+@pytest.mark.parametrize(("gib_per_gpu", "rescued"), [(15.0, False), (20.0, True), (0.0, True)])
+def test_the_move_price_refuses_a_rescue_that_moves_more_than_it_is_worth(gib_per_gpu, rescued):
+    # the two-hop chain moves A (400 milli of a 32 GiB GPU: 12.8 GiB) and C (6.4 GiB) = 19.2 GiB for one GPU;
+    # no cheaper rescue exists, so at 15 GiB per GPU the pod stays pending and nothing moves
+    want = Pod(1, MILLI)
+    pol = get_policy("bestfit")
+    cl, placed = _setup([[MILLI] * 2] * 2, CHAIN)
+    before = _snapshot(cl, placed)
+    stats = MoveStats()
+    d = ChainRepacker(max_moves=8, budget=10, gib_per_gpu=gib_per_gpu)
+    ch = d.rescue(cl, want, placed, pol, np.random.default_rng(0), stats)
+    if rescued:
+        assert ch == Choice(0, (0,)) and stats.moves == 2
+        assert stats.moved_bytes / 2**30 == pytest.approx(19.2)
+        assert _consistent(cl, placed, [(want, ch)])
+    else:
+        assert ch is None and stats.moves == 0 and stats.moved_bytes == 0
+        after = _snapshot(cl, placed)
+        assert all(np.array_equal(a, b) for a, b in zip(before[:5], after[:5], strict=True))
+        assert before[5] == after[5]

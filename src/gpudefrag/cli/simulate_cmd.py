@@ -91,6 +91,8 @@ def static(
     tune: float = typer.Option(1.3, "--tune", help="Resample the pods to this multiple of GPU capacity"),
     defrag: str = typer.Option("none", "--defrag", help="Comma-separated: none, migrate, evict, repack"),
     max_moves: int = typer.Option(8, "--max-moves", help="Moves per rescued pod at most"),
+    gib_per_gpu: float = typer.Option(0.0, "--gib-per-gpu", help="repack's move price: a rescue may move at most "
+                                      "this many GiB of checkpoints per GPU it places (0 = moves are free)"),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
     authors: Path = typer.Option(None, "--authors", help="Folder holding fgd-expected-results/ (default: the "
                                  "pod list's folder, when present)"),
@@ -120,7 +122,10 @@ def static(
     else:
         trace = load_trace(nodes, pods)
         cl = trace.cluster()
-    runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""))
+    if gib_per_gpu < 0:
+        raise InputError("--gib-per-gpu", "", f"must be >= 0, got {gib_per_gpu}")
+    runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""),
+                       gib_per_gpu)
     with _progress() as prog:
         task = prog.add_task("replays", total=len(runs))
         results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))

@@ -16,33 +16,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .capacity import Shape, fits
 from .model import MILLI, ClusterState, Node, Request, Toleration
 
 
-@dataclass(frozen=True, slots=True)
-class TaskShape:
-    """One entry of a workload mix: what the FGD measure calls a task type."""
+def TaskShape(num_gpu: int, gpu_milli: int = MILLI, cpu_milli: int = 0,
+              gpu_models: tuple[str, ...] = ()) -> Shape:
+    """One entry of a workload mix (what the FGD measure calls a task type): the one request shape
+    (core/capacity.Shape) with no memory, which the measure does not look at."""
+    return Shape(num_gpu, gpu_milli, cpu_milli, 0, gpu_models)
 
-    num_gpu: int
-    gpu_milli: int = MILLI  # per GPU
-    cpu_milli: int = 0
-    gpu_models: tuple[str, ...] = ()  # allowed GPU models; empty = any
 
-    @staticmethod
-    def of(request: Request) -> TaskShape:
-        return TaskShape(request.gpus_per_node, request.gpu_milli, request.cpu_milli, request.gpu_models)
+def task_shape(request: Request) -> Shape:
+    """A request's task type for the FGD measure."""
+    return TaskShape(request.gpus_per_node, request.gpu_milli, request.cpu_milli, request.gpu_models)
 
 
 @dataclass(frozen=True)
 class WorkloadMix:
     """Task shapes and their popularities (summing to 1)."""
 
-    shapes: tuple[TaskShape, ...]
+    shapes: tuple[Shape, ...]
     weights: tuple[float, ...]
 
     @staticmethod
     def from_shapes(
-        shapes: Iterable[TaskShape], *, coverage: float = 0.95, step: int = 1, include_cpu_only: bool = True
+        shapes: Iterable[Shape], *, coverage: float = 0.95, step: int = 1, include_cpu_only: bool = True
     ) -> WorkloadMix:
         """Popularity of each distinct shape; the most frequent shapes are kept `step` at a time until they
         cover `coverage` of all tasks, then renormalised. This is the FGD authors' construction with the
@@ -64,11 +63,11 @@ class WorkloadMix:
         return WorkloadMix(tuple(k for k, _ in chosen), tuple(c / s for _, c in chosen))
 
     @staticmethod
-    def single(shape: TaskShape) -> WorkloadMix:
+    def single(shape: Shape) -> WorkloadMix:
         return WorkloadMix((shape,), (1.0,))
 
 
-def _shape_key(s: TaskShape) -> tuple[int, int, int, str]:
+def _shape_key(s: Shape) -> tuple[int, int, int, str]:
     return (s.cpu_milli, s.gpu_milli, s.num_gpu, "|".join(s.gpu_models))
 
 
@@ -136,11 +135,8 @@ def fit_count(free: np.ndarray, gpu_milli: int) -> np.ndarray:
 def capacity_fits(
     free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, request: Request
 ) -> np.ndarray:
-    """Nodes where one node's part of the request fits by free capacity alone."""
-    ok = (cpu_free >= request.cpu_milli) & (mem_free >= request.memory_mib)
-    if request.gpus_per_node > 0:
-        ok &= fit_count(free, request.gpu_milli) >= request.gpus_per_node
-    return ok
+    """Nodes where one node's part of the request fits by free capacity alone (the capacity model's fit)."""
+    return fits(free, cpu_free, mem_free, Shape.of(request))
 
 
 def fits_mask(state: ClusterState, request: Request) -> np.ndarray:
@@ -155,7 +151,7 @@ def task_fragment(
     free: np.ndarray,
     cpu_free: np.ndarray,
     allowed: np.ndarray,
-    shape: TaskShape,
+    shape: Shape,
 ) -> np.ndarray:
     """F_n(m) in milli-GPU for every node: the free GPU on n that a task of this shape cannot use.
 
@@ -195,7 +191,7 @@ def cluster_fragmentation(state: ClusterState, mix: WorkloadMix) -> float:
 
 def default_mix(state: ClusterState) -> WorkloadMix:
     """The mix of the workloads in the snapshot (running and pending); one whole GPU if there are none."""
-    shapes = [TaskShape.of(w.request) for w in state.workloads]
+    shapes = [task_shape(w.request) for w in state.workloads]
     if not shapes:
         return WorkloadMix.single(TaskShape(1))
     return WorkloadMix.from_shapes(shapes)
@@ -270,7 +266,7 @@ def stranded(state: ClusterState, request: Request, fits: np.ndarray | None = No
     if request.gpus_per_node == 0:
         return gpus, int(np.where(state.free_milli > 0, state.free_milli, 0).sum())
     # F_n(request): nodes the request cannot use contribute all their free share, the others their small pieces
-    frag = task_fragment(state.free_milli, state.cpu_free, eligible_mask(state, request), TaskShape.of(request))
+    frag = task_fragment(state.free_milli, state.cpu_free, eligible_mask(state, request), task_shape(request))
     milli = int(frag.sum())
     return gpus, milli
 

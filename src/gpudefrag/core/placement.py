@@ -21,8 +21,9 @@ from typing import Protocol
 
 import numpy as np
 
-from .fragmentation import TaskShape, WorkloadMix
-from .model import MILLI, ClusterState, Request
+from .capacity import NOT_TRACKED, Capacity, Shape
+from .fragmentation import WorkloadMix
+from .model import MILLI, ClusterState
 
 MAX_SPEC_CPU = 128_000  # milli-cores: the normaliser of the authors' dot-product and best-fit scores
 MAX_SPEC_GPU = 8_000  # milli-GPU: likewise (an 8-GPU node)
@@ -30,38 +31,7 @@ MAX_SCORE = 100
 N_TAGS = 9  # GPU-clustering tags: 0 = share-gpu, k = k-gpu (1..8)
 
 
-@dataclass(frozen=True, slots=True)
-class Pod:
-    """What one pod asks of one node: `num_gpu` GPUs of `gpu_milli` each (sharing when < 1000, one GPU)."""
-
-    num_gpu: int
-    gpu_milli: int = MILLI
-    cpu_milli: int = 0
-    memory_mib: int = 0
-    gpu_models: tuple[str, ...] = ()
-
-    @property
-    def is_sharing(self) -> bool:
-        return self.num_gpu == 1 and self.gpu_milli < MILLI
-
-    @property
-    def gpu_total(self) -> int:
-        """Milli-GPU asked for in all."""
-        return self.num_gpu * self.gpu_milli if self.num_gpu else 0
-
-    @property
-    def tag(self) -> int:
-        """GPU-clustering tag index; -1 for a CPU-only pod."""
-        if self.num_gpu == 0:
-            return -1
-        return 0 if self.is_sharing else min(self.num_gpu, N_TAGS - 1)
-
-    def shape(self) -> TaskShape:
-        return TaskShape(self.num_gpu, self.gpu_milli if self.num_gpu else 0, self.cpu_milli, self.gpu_models)
-
-    @staticmethod
-    def of(request: Request) -> Pod:
-        return Pod(request.gpus_per_node, request.gpu_milli, request.cpu_milli, request.memory_mib, request.gpu_models)
+Pod = Shape  # the placement policies' name for the one request shape (core/capacity.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +40,11 @@ class Choice:
     gpus: tuple[int, ...]
 
 
-@dataclass
-class Cluster:
-    """Mutable per-node arrays (index i = node i). `free` is nodes × max GPUs in milli-GPU, -1 = no such GPU."""
+@dataclass(eq=False)
+class Cluster(Capacity):
+    """The policies' view of a cluster: the capacity model (`free`, `cpu_free`, `mem_free`, see
+    core/capacity.py) plus per node its name, GPU model, CPU capacity, pod tags for GPU clustering and the FGD
+    per-shape cache, which `take` / `give` (and a rollback) keep current."""
 
     names: tuple[str, ...]
     models: tuple[str | None, ...]
@@ -85,11 +57,10 @@ class Cluster:
     tags: np.ndarray = field(init=False)
     _model_masks: dict[tuple[str, ...], np.ndarray] = field(init=False, default_factory=dict)
     _fgd: _FgdCache | None = field(init=False, default=None)
+    _dirty: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
-        self.free = np.asarray(self.free, dtype=np.int32).copy()
-        self.cpu_free = np.asarray(self.cpu_free, dtype=np.int64).copy()
-        self.mem_free = np.asarray(self.mem_free, dtype=np.int64).copy()
+        Capacity.__init__(self, self.free, self.cpu_free, self.mem_free)
         self.cpu_cap = np.asarray(self.cpu_cap, dtype=np.int64).copy()
         self.tags = np.zeros((len(self.names), N_TAGS), dtype=np.int32)
         self.gpu_count = (self.free >= 0).sum(axis=1).astype(np.int32)
@@ -108,12 +79,12 @@ class Cluster:
         counts = np.asarray(gpu_counts, dtype=np.int32)
         g = max(int(counts.max(initial=0)), 1)
         free = np.where(np.arange(g)[None, :] < counts[:, None], MILLI, -1)
-        big = np.iinfo(np.int64).max // 4
         cpu = np.asarray(cpu_milli, dtype=np.int64)
         mem = np.asarray(memory_mib, dtype=np.int64)
         return Cluster(
             tuple(names), tuple(models), free,
-            np.where(cpu > 0, cpu, big), np.where(mem > 0, mem, big), np.where(cpu > 0, cpu, big), mix,
+            np.where(cpu > 0, cpu, NOT_TRACKED), np.where(mem > 0, mem, NOT_TRACKED),
+            np.where(cpu > 0, cpu, NOT_TRACKED), mix,
         )
 
     @staticmethod
@@ -123,17 +94,17 @@ class Cluster:
         cpu_cap = np.fromiter((n.cpu_milli for n in state.nodes), dtype=np.int64, count=len(state.nodes))
         cl = Cluster(
             tuple(n.name for n in state.nodes), tuple(n.gpu_model for n in state.nodes), free,
-            state.cpu_free, state.mem_free, np.where(cpu_cap > 0, cpu_cap, np.iinfo(np.int64).max // 4), mix,
+            state.cpu_free, state.mem_free, np.where(cpu_cap > 0, cpu_cap, NOT_TRACKED), mix,
         )
         idx = state.node_index
         for w in state.running:
-            tag = Pod.of(w.request).tag
+            tag = Shape.of(w.request).tag
             if tag >= 0:
                 for p in w.placements:
                     cl.tags[idx[p.node], tag] += 1
         return cl
 
-    def copy(self) -> Cluster:
+    def copy(self) -> Cluster:  # type: ignore[override]
         c = Cluster(self.names, self.models, self.free, self.cpu_free, self.mem_free, self.cpu_cap, self.mix,
                     None if self.rank is None else self.rank.copy())
         c.tags = self.tags.copy()
@@ -141,10 +112,6 @@ class Cluster:
         return c
 
     # ------------------------------------------------------------------------------------ queries
-    @property
-    def n(self) -> int:
-        return len(self.names)
-
     def model_mask(self, models: tuple[str, ...]) -> np.ndarray:
         m = self._model_masks.get(models)
         if m is None:
@@ -157,17 +124,11 @@ class Cluster:
         return m
 
     def fits(self, pod: Pod) -> np.ndarray:
-        """Nodes where the pod can be placed now: GPU model, CPU, memory and enough GPUs with the share free."""
-        ok = (self.cpu_free >= pod.cpu_milli) & (self.mem_free >= pod.memory_mib)
-        if pod.num_gpu > 0:
+        """Nodes where the pod can be placed now: the capacity model's fit and the pod's GPU models."""
+        ok = Capacity.fits(self, pod)
+        if pod.num_gpu > 0 and pod.gpu_models:
             ok &= self.model_mask(pod.gpu_models)
-            ok &= (self.free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
         return ok
-
-    @property
-    def gpu_left(self) -> np.ndarray:
-        """Total free milli-GPU per node."""
-        return np.where(self.free > 0, self.free, 0).sum(axis=1)
 
     @property
     def capacity_milli(self) -> int:
@@ -183,45 +144,31 @@ class Cluster:
 
     # ------------------------------------------------------------------------------------ mutation
     def place(self, pod: Pod, choice: Choice) -> None:
-        i = choice.node
-        if len(choice.gpus) != pod.num_gpu:
-            raise ValueError(f"pod asks for {pod.num_gpu} GPUs, choice gives {len(choice.gpus)}")
-        for g in choice.gpus:
-            if self.free[i, g] < pod.gpu_milli:
-                raise ValueError(f"GPU {g} of node {self.names[i]} has {self.free[i, g]} milli free, "
-                                 f"pod needs {pod.gpu_milli}")
-        if self.cpu_free[i] < pod.cpu_milli or self.mem_free[i] < pod.memory_mib:
-            raise ValueError(f"node {self.names[i]} lacks CPU or memory for the pod")
-        for g in choice.gpus:
-            self.free[i, g] -= pod.gpu_milli
-        self.cpu_free[i] -= pod.cpu_milli
-        self.mem_free[i] -= pod.memory_mib
-        if pod.tag >= 0:
-            self.tags[i, pod.tag] += 1
-        self._touch(i)
+        self.take(choice.node, choice.gpus, pod)
 
     def remove(self, pod: Pod, choice: Choice) -> None:
         """Undo `place` (a pod leaves, is moved away or evicted)."""
-        i = choice.node
-        for g in choice.gpus:
-            if self.free[i, g] + pod.gpu_milli > MILLI:
-                raise ValueError(f"GPU {g} of node {self.names[i]} would exceed a whole GPU")
-            self.free[i, g] += pod.gpu_milli
-        self.cpu_free[i] += pod.cpu_milli
-        self.mem_free[i] += pod.memory_mib
-        if pod.tag >= 0:
-            self.tags[i, pod.tag] -= 1
-        self._touch(i)
+        self.give(choice.node, choice.gpus, pod)
 
-    def _touch(self, i: int) -> None:
+    def _change(self, node: int, gpus: tuple[int, ...], shape: Shape, sign: int) -> None:
+        Capacity._change(self, node, gpus, shape, sign)
+        tag = shape.tag
+        if tag >= 0:
+            self.tags[node, tag] -= sign
+
+    def _changed(self, node: int) -> None:
         if self._fgd is not None:
-            self._fgd.refresh(self, np.array([i]))
+            self._dirty.add(node)  # refreshed when the measure is next read (a search changes rows many times)
 
     def _fgd_cache(self) -> _FgdCache:
         if self._fgd is None:
             if self.mix is None:
                 raise ValueError("the FGD measure needs a workload mix (Cluster.mix)")
             self._fgd = _FgdCache(self, self.mix)
+            self._dirty.clear()
+        elif self._dirty:
+            self._fgd.refresh(self, np.fromiter(self._dirty, dtype=np.int64, count=len(self._dirty)))
+            self._dirty.clear()
         return self._fgd
 
 
@@ -290,27 +237,11 @@ def _pick(nodes: np.ndarray, scores: np.ndarray, rng: np.random.Generator, rank:
     return int(nodes[best[rng.integers(len(best))]])
 
 
-def exclusive_gpus(cl: Cluster, node: int, k: int) -> tuple[int, ...]:
-    """The first k wholly free GPUs by index."""
-    return tuple(int(g) for g in np.flatnonzero(cl.free[node] == MILLI)[:k])
-
-
-def best_fit_gpu(cl: Cluster, node: int, milli: int) -> int:
-    """The GPU with the least free share that still fits (first by index among equals)."""
-    row = cl.free[node]
-    cand = np.where(row >= milli, row, MILLI + 1)
-    return int(np.argmin(cand))
-
-
 def gpus_for(cl: Cluster, node: int, pod: Pod, how: str, rng: np.random.Generator) -> tuple[int, ...]:
-    if pod.num_gpu == 0:
-        return ()
-    if not pod.is_sharing:
-        return exclusive_gpus(cl, node, pod.num_gpu)
-    if how == "random":
-        fitting = np.flatnonzero(cl.free[node] >= pod.gpu_milli)
-        return (int(fitting[rng.integers(len(fitting))]),)
-    return (best_fit_gpu(cl, node, pod.gpu_milli),)
+    """The GPUs a pod that fits `node` takes there: the capacity model's picker (core/capacity.pick_gpus)."""
+    got = cl.pick(node, pod, how, rng)
+    assert got is not None, "gpus_for is only asked about a node the pod fits"
+    return got
 
 
 class Policy(Protocol):
@@ -439,9 +370,7 @@ class SpreadPolicy(_Scored):
         if len(nodes) == 0:
             return None
         node = _pick(nodes, self.scores(cl, pod, nodes), rng, cl.rank)
-        if pod.is_sharing:  # the emptiest GPU, the opposite of best fit
-            return Choice(node, (int(np.argmax(cl.free[node])),))
-        return Choice(node, gpus_for(cl, node, pod, "best", rng))
+        return Choice(node, gpus_for(cl, node, pod, "empty", rng))  # the emptiest GPU: the opposite of best fit
 
 
 class FgdPolicy:
@@ -459,7 +388,7 @@ class FgdPolicy:
             f_old = np.full(len(nodes), MILLI if pod.num_gpu else 0, dtype=np.int64)
             score = fgd_score(cache.frag[nodes], cache.after(cl, nodes, f_old, pod))
             node = _pick(nodes, score, rng, cl.rank)
-            return Choice(node, exclusive_gpus(cl, node, pod.num_gpu))
+            return Choice(node, gpus_for(cl, node, pod, "best", rng))
         # candidate (node, GPU) pairs: each distinct free value once per node, at its first GPU index
         free = cl.free[nodes]
         g = free.shape[1]

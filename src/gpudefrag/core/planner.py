@@ -15,11 +15,12 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from .capacity import Capacity, Shape
 from .cost import AltCost
 from .fragmentation import eligible_mask
 from .model import MILLI, ClusterState, Placement, Request, Workload, WorkloadState
 from .planner_heuristic import solve as solve_heuristic
-from .planner_problem import RESERVATION_LABEL, Part, Problem, Work, parts_of
+from .planner_problem import RESERVATION_LABEL, Part, Problem, Work, capacity_proof, parts_of
 from .planner_types import Move, Plan, PlanOptions, Solver
 
 __all__ = [
@@ -54,11 +55,14 @@ def apply_moves(state: ClusterState, moves: Iterable[Move]) -> ClusterState:
 def replay(
     state: ClusterState, moves: Iterable[Move]
 ) -> tuple[dict[str, Workload], np.ndarray, np.ndarray, np.ndarray]:
-    """Apply the moves one by one to the free arrays, checking each; returns the workloads after and the
+    """Apply the moves one by one to the capacity model, checking each; returns the workloads after and the
     free GPU, CPU and memory arrays (without building a new ClusterState, which large clusters pay for)."""
-    free = state.free_milli.copy()
-    cpu = state.cpu_free.copy()
-    mem = state.mem_free.copy()
+    return _replay(state, moves)[:4]  # type: ignore[return-value]
+
+
+def _replay(state: ClusterState, moves: Iterable[Move]) -> tuple[dict[str, Workload], np.ndarray, np.ndarray,
+                                                                  np.ndarray, Capacity]:
+    cap = Capacity.of_state(state)
     current = {w.id: w for w in state.workloads}
     seen: set[str] = set()
     for k, m in enumerate(moves):
@@ -76,23 +80,20 @@ def replay(
         if m.target not in state.node_index or m.target == m.source:
             raise MoveError(f"{where}: bad target node {m.target!r}")
         r = w.request
+        shape = Shape.of(r)
         s, t = state.node_index[m.source], state.node_index[m.target]
-        if len(m.target_gpus) != r.gpus_per_node or len(set(m.target_gpus)) != len(m.target_gpus):
-            raise MoveError(f"{where}: needs {r.gpus_per_node} distinct GPUs, got {list(m.target_gpus)}")
-        for g in w.placements[0].gpus:
-            free[s, g] += r.gpu_milli
-        cpu[s] += r.cpu_milli
-        mem[s] += r.memory_mib
-        for g in m.target_gpus:
-            if not 0 <= g < free.shape[1] or free[t, g] < r.gpu_milli:
+        gpus = tuple(m.target_gpus)
+        if len(gpus) != r.gpus_per_node or len(set(gpus)) != len(gpus):
+            raise MoveError(f"{where}: needs {r.gpus_per_node} distinct GPUs, got {list(gpus)}")
+        cap.give(s, w.placements[0].gpus, shape)
+        for g in gpus:
+            if not 0 <= g < cap.free.shape[1] or cap.free[t, g] < r.gpu_milli:
                 raise MoveError(f"{where}: GPU {g} of {m.target} has no room for {r.gpu_milli} milli")
-            free[t, g] -= r.gpu_milli
-        cpu[t] -= r.cpu_milli
-        mem[t] -= r.memory_mib
-        if cpu[t] < 0 or mem[t] < 0:
+        if cap.cpu_free[t] < r.cpu_milli or cap.mem_free[t] < r.memory_mib:
             raise MoveError(f"{where}: {m.target} has not enough CPU or memory")
-        current[w.id] = dataclasses.replace(w, placements=(Placement(m.target, tuple(m.target_gpus)),))
-    return current, free, cpu, mem
+        cap.take(t, gpus, shape)
+        current[w.id] = dataclasses.replace(w, placements=(Placement(m.target, gpus),))
+    return current, cap.free, cap.cpu_free, cap.mem_free, cap
 
 
 def with_reservation(state: ClusterState, rid: str, request: Request, placements: Sequence[Placement]) -> ClusterState:
@@ -110,22 +111,18 @@ def fits_after(state: ClusterState, moves: Sequence[Move], request: Request,
                placements: Sequence[Placement]) -> bool:
     """Whether, after the moves (each checked as it is made), the request fits on `placements`: one distinct
     eligible node per part, its GPUs with room for the share, and its CPU and memory."""
-    _current, free, cpu, mem = replay(state, moves)
+    cap = _replay(state, moves)[4]
     if len(placements) != request.node_count or len({p.node for p in placements}) != len(placements):
         return False
     eligible = eligible_mask(state, request)
-    free = free.copy()
+    shape = Shape.of(request)
     for p in placements:
         i = state.node_index.get(p.node)
-        if i is None or not eligible[i] or len(set(p.gpus)) != request.gpus_per_node:
+        if i is None or not eligible[i]:
             return False
-        if any(not 0 <= g < free.shape[1] or free[i, g] < request.gpu_milli for g in p.gpus):
-            return False
-        for g in p.gpus:
-            free[i, g] -= request.gpu_milli
-        cpu[i] -= request.cpu_milli
-        mem[i] -= request.memory_mib
-        if cpu[i] < 0 or mem[i] < 0:
+        try:
+            cap.take(i, tuple(p.gpus), shape)
+        except ValueError:
             return False
     return True
 
@@ -207,12 +204,20 @@ def _plan_parts(state: ClusterState, requests: list[Request], opts: PlanOptions)
     parts = parts_of(state, requests)
     heur = solve_heuristic(p, parts)
     exact_plan = None
+    request = requests[0]
+    if opts.solver != "heuristic" and heur.work is None:
+        proof = capacity_proof(p, parts)  # counting: no node can be cleared, before any CP-SAT search
+        if proof:
+            return [_infeasible(request, f"{heur.reason} (proven: {proof})", "exact", heur.notes)]
     if opts.solver != "heuristic":
         from .planner_exact import solve_exact  # OR-Tools is imported only when the exact solver runs
 
         if opts.solver == "exact" or _exact_size(p, parts) <= opts.exact_max_vars:
-            exact_plan = solve_exact(p, parts, requests[0], heur.work)
-    request = requests[0]
+            ex = solve_exact(p, parts, heur.work)
+            if ex.infeasible:
+                exact_plan = _infeasible(request, ex.reason, "exact")
+            elif ex.work is not None:
+                exact_plan = plan_from_work(p, ex.work, request, "exact", ex.optimal, method=ex.method)
     if (
         exact_plan is not None
         and exact_plan.feasible

@@ -16,10 +16,22 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from .model import MILLI, Request
+from .capacity import fits
+from .model import MILLI
 from .planner_heuristic import cheapest_subsets, clear_node, lower_bounds, room_bound
-from .planner_problem import BIG, Part, Problem, Work, fits_rows
-from .planner_types import Plan
+from .planner_problem import BIG, Part, Problem, Work
+
+
+@dataclass(frozen=True)
+class Exact:
+    """What the exact search settled: a plan's working state (`optimal` when proven), or `infeasible` (proven:
+    no plan exists), or neither (nothing better found in the time budget). planner.py turns it into a Plan."""
+
+    work: Work | None = None
+    optimal: bool = False
+    infeasible: bool = False
+    reason: str = ""
+    method: str = ""
 
 
 @dataclass
@@ -29,29 +41,26 @@ class Answer:
     wall_s: float = 0.0
 
 
-def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | None) -> Plan | None:
-    """An exact plan (`optimal` when proven), an infeasible Plan when no plan exists (proven), or None when
-    the solver found nothing better within its time budget.
+def solve_exact(p: Problem, parts: list[Part], hint: Work | None) -> Exact:
+    """An exact plan (`optimal` when proven), a proof that no plan exists, or neither when the solver found
+    nothing better within its time budget.
 
     A single-node request is decomposed by target node: the cheapest set of a node's own workloads whose
     departure makes room is a lower bound on any plan landing there (moves elsewhere only add cost), so the
     nodes are visited in bound order, each with CP-SAT and the target fixed, until the bound reaches the best
     plan found — often at once, when the heuristic's plan meets the smallest bound."""
-    from .planner import _infeasible, plan_from_work  # the entry module builds Plans
-
     opts = p.opts
     if len(parts) != 1:
         ans = cp_sat(p, parts, hint)
         if ans.status == "infeasible":
-            return _infeasible(request, _NO_PLAN.format(opts.max_moves, opts.max_moves_per_node), "exact")
+            return Exact(infeasible=True, reason=_NO_PLAN.format(opts.max_moves, opts.max_moves_per_node))
         if ans.work is None:
-            return None
-        return plan_from_work(p, ans.work, request, "exact", ans.status == "optimal",
-                              method="CP-SAT over all nodes and parts at once")
+            return Exact()
+        return Exact(ans.work, ans.status == "optimal", method="CP-SAT over all nodes and parts at once")
     part = parts[0]
     base = Work(p)
     if hint is not None and not hint.order:  # it fits without moves: nothing is cheaper
-        return plan_from_work(p, hint, request, "exact", True)
+        return Exact(hint, True)
     extra: dict[int, float] = {}
     best = hint
     best_score = hint.score if hint is not None else float("inf")
@@ -92,13 +101,13 @@ def solve_exact(p: Problem, parts: list[Part], request: Request, hint: Work | No
             proven = False
     if best is None:
         if proven:
-            return _infeasible(request, _NO_PLAN.format(opts.max_moves, opts.max_moves_per_node), "exact")
-        return None
+            return Exact(infeasible=True, reason=_NO_PLAN.format(opts.max_moves, opts.max_moves_per_node))
+        return Exact()
     how = (f"exact search: {int(part.eligible.sum()) - len(open_nodes)} nodes ruled out by the vectorised bound, "
            f"tighter bounds on {len(open_nodes)}, {by_bound} settled by meeting their "
            f"bound, CP-SAT on {visited}; " + ("improved on the heuristic's plan" if improved
                                                else "the heuristic's plan was already the cheapest"))
-    return plan_from_work(p, best, request, "exact", proven, method=how)
+    return Exact(best, proven, method=how)
 
 
 def tight_bound(p: Problem, base: Work, part: Part, i: int, extra: dict[int, float]) -> float:
@@ -114,16 +123,7 @@ def tight_bound(p: Problem, base: Work, part: Part, i: int, extra: dict[int, flo
         c = sum(costs[j] for j in sub)
         if c >= best or k >= 4000:
             return min(best, c)
-        row = base.free[i].copy()
-        cpu, mem = base.cpu[i], base.mem[i]
-        for j in sub:
-            wi = items[j]
-            for g in p.ws[wi].placements[0].gpus:
-                row[g] += p.milli[wi]
-            cpu += p.cpu[wi]
-            mem += p.mem[wi]
-        if not fits_rows(row[None, :], np.array([cpu]), np.array([mem]), part.gpus, part.milli, part.cpu,
-                         part.mem)[0]:
+        if not base.fits_without(i, [items[j] for j in sub], part.shape):
             continue
         best = min(best, c + max(_chain_floor(p, base, items[j], extra) for j in sub))
     return float(best)
@@ -138,9 +138,9 @@ def _chain_floor(p: Problem, base: Work, wi: int, cache: dict[int, float]) -> fl
     w = p.ws[wi]
     mask = p.targets_mask(wi).copy()
     mask[int(p.src[wi])] = False
-    shape = Part(-1, w.request, int(p.gpus[wi]), int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi]), mask)
-    fits = mask & fits_rows(base.free, base.cpu, base.mem, shape.gpus, shape.milli, shape.cpu, shape.mem)
-    got = 0.0 if fits.any() else min((room_bound(p, base, shape, int(d)) for d in np.flatnonzero(mask)),
+    shape = Part(-1, w.request, p.shape(wi), mask)
+    fit = mask & fits(base.free, base.cpu, base.mem, shape.shape)
+    got = 0.0 if fit.any() else min((room_bound(p, base, shape, int(d)) for d in np.flatnonzero(mask)),
                                      default=np.inf)
     cache[wi] = got
     return got

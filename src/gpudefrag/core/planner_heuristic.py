@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .capacity import fits, fits_one, pick_gpus
 from .model import MILLI
-from .planner_problem import Part, Problem, Work, fits_rows, pick_gpus
+from .planner_problem import Part, Problem, Work
 
 SUBSET_LIMIT = 400  # subsets examined per candidate node
 PLACE_ATTEMPTS = 6  # fitting subsets whose placement elsewhere is tried per candidate node
@@ -63,7 +64,6 @@ def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("i
     base = [int(x) for x in work.free[i]]
     cpu0, mem0 = int(work.cpu[i]), int(work.mem[i])
     frees = [(p.ws[wi].placements[0].gpus, int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi])) for wi in items]
-    need, milli = part.gpus, part.milli
     for k, sub in enumerate(cheapest_subsets(costs, max_size)):
         c = sum(costs[j] for j in sub)
         if c >= bar or k >= SUBSET_LIMIT * 10:
@@ -76,7 +76,7 @@ def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("i
                 row[g] += m
             cpu += dc
             mem += dm
-        if cpu >= part.cpu and mem >= part.mem and sum(1 for x in row if x >= milli) >= need:
+        if fits_one(row, cpu, mem, part.shape):
             return c
     return float("inf")
 
@@ -148,7 +148,7 @@ def _best_fit(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> int | None
     mask[int(p.src[wi])] = False
     if not mask.any():
         return None
-    fit = mask & fits_rows(work.free, work.cpu, work.mem, gpus, milli, int(p.cpu[wi]), int(p.mem[wi]))
+    fit = mask & fits(work.free, work.cpu, work.mem, p.shape(wi))
     if not fit.any():
         return None
     idx = np.flatnonzero(fit)
@@ -167,7 +167,7 @@ def _place(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int = CHA
     workloads away first, themselves placed the same way one level down). False: it fits nowhere."""
     dst = _best_fit(p, work, wi, forbid)
     if dst is not None:
-        gp = pick_gpus(work.free[dst], int(p.gpus[wi]), int(p.milli[wi]))
+        gp = pick_gpus(work.free[dst], p.shape(wi))
         assert gp is not None
         work.move(wi, dst, gp)
         return True
@@ -184,13 +184,12 @@ def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int) -> W
     """The cheapest way found to make room for `wi` on some node C by moving up to CHAIN_VICTIMS of C's
     workloads elsewhere first. Returns the working state with all those moves made, or None."""
     w = p.ws[wi]
-    gpus, milli = int(p.gpus[wi]), int(p.milli[wi])
     budget = p.opts.max_moves_per_node
     mask = p.targets_mask(wi) & ~forbid & (work.touched + 2 <= budget)
     mask[int(p.src[wi])] = False
     if not mask.any():
         return None
-    shape = Part(-1, w.request, gpus, milli, int(p.cpu[wi]), int(p.mem[wi]), mask)
+    shape = Part(-1, w.request, p.shape(wi), mask)
     lb = lower_bounds(p, work, shape, mask)
     order = np.flatnonzero(np.isfinite(lb))
     order = order[np.argsort(lb[order], kind="stable")][: CHAIN_NODES if depth == CHAIN_DEPTH else CHAIN_NODES_INNER]
@@ -213,7 +212,7 @@ def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int) -> W
             if best is not None and work.score + sum(costs[j] for j in sub) + own >= best.score - 1e-9:
                 break
             victims = [items[j] for j in sub]
-            if not fits_without(p, work, c, victims, gpus, milli, int(p.cpu[wi]), int(p.mem[wi])):
+            if not work.fits_without(c, victims, p.shape(wi)):
                 continue
             tries += 1
             trial = work.clone()
@@ -223,26 +222,13 @@ def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int) -> W
             ok = all(trial.moves_left() >= 2 and _place(p, trial, v, f2, depth - 1)
                      for v in sorted(victims, key=lambda v: (-p.gpus[v], -p.milli[v], v)))
             f2[c] = forbid[c]
-            gp = pick_gpus(trial.free[c], gpus, milli) if ok else None
+            gp = pick_gpus(trial.free[c], p.shape(wi)) if ok else None
             if gp is None or trial.moves_left() < 1 or trial.touched[c] + 1 > budget:
                 continue
             trial.move(wi, c, gp)
             if best is None or trial.score < best.score - 1e-9:
                 best = trial
     return best
-
-
-def fits_without(p: Problem, work: Work, node: int, victims: list[int], gpus: int, milli: int, cpu: int,
-                 mem: int) -> bool:
-    """Whether a part of this shape fits on `node` once `victims` (workloads on it) have left."""
-    row = work.free[node].copy()
-    cpu_free, mem_free = work.cpu[node], work.mem[node]
-    for v in victims:
-        for g in p.ws[v].placements[0].gpus:
-            row[g] += p.milli[v]
-        cpu_free += p.cpu[v]
-        mem_free += p.mem[v]
-    return bool(fits_rows(row[None, :], np.array([cpu_free]), np.array([mem_free]), gpus, milli, cpu, mem)[0])
 
 
 def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -> tuple[Work | None, str]:
@@ -270,7 +256,7 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
         if best is not None and sum(costs[j] for j in sub) >= best.score - work.score - 1e-9:
             break  # the sets only get dearer: a chain in the best so far cannot be beaten any more
         chosen = [items[j] for j in sub]
-        if not fits_without(p, work, i, chosen, part.gpus, part.milli, part.cpu, part.mem):
+        if not work.fits_without(i, chosen, part.shape):
             continue
         attempts += 1
         f2 = forbid.copy()
@@ -282,7 +268,7 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
             trial = work.clone()
             for wi in chosen:
                 trial.release(wi)
-            gp = pick_gpus(trial.free[i], part.gpus, part.milli)
+            gp = pick_gpus(trial.free[i], part.shape)
             assert gp is not None
             trial.reserve(part, i, gp)
             ok = True
@@ -314,12 +300,12 @@ def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) 
     allowed = part.eligible.copy()
     if same_request_nodes:
         allowed[list(same_request_nodes)] = False
-    fit = allowed & fits_rows(work.free, work.cpu, work.mem, part.gpus, part.milli, part.cpu, part.mem)
+    fit = allowed & fits(work.free, work.cpu, work.mem, part.shape)
     if fit.any():
         idx = np.flatnonzero(fit)
         left = (work.free[idx] >= part.milli).sum(axis=1)
         i = int(idx[np.lexsort((idx, left))[0]])
-        gp = pick_gpus(work.free[i], part.gpus, part.milli)
+        gp = pick_gpus(work.free[i], part.shape)
         assert gp is not None
         work = work.clone()
         work.reserve(part, i, gp)

@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .capacity import Capacity, Shape
 from .compat import CompatRule, check, describe, node_signature
 from .cost import AltCost, CostModel, MoveCost
 from .fragmentation import eligible_mask
-from .model import MILLI, ClusterState, Placement, Request, Workload
+from .model import MILLI, ClusterState, Request, Workload
 from .planner_types import PlanOptions
 
 BIG = np.iinfo(np.int64).max // 4
@@ -24,44 +25,38 @@ RESERVATION_LABEL = "gpudefrag.io/reservation"  # marks a request placed by an e
 
 @dataclass(frozen=True)
 class Part:
-    """One node's share of a request: `gpus` GPUs with `milli` free each, plus CPU and memory."""
+    """One node's share of a request (`shape`, the one request shape of core/capacity.py), the request it
+    belongs to (parts of one request need distinct nodes) and the nodes that request may use at all."""
 
-    req: int  # index of the request it belongs to (parts of one request need distinct nodes)
+    req: int
     request: Request
-    gpus: int
-    milli: int
-    cpu: int
-    mem: int
-    eligible: np.ndarray  # nodes the request may use at all
+    shape: Shape
+    eligible: np.ndarray
+
+    @property
+    def gpus(self) -> int:
+        return self.shape.num_gpu
+
+    @property
+    def milli(self) -> int:
+        return self.shape.gpu_milli
+
+    @property
+    def cpu(self) -> int:
+        return self.shape.cpu_milli
+
+    @property
+    def mem(self) -> int:
+        return self.shape.memory_mib
 
 
 def parts_of(state: ClusterState, requests: list[Request]) -> list[Part]:
     out: list[Part] = []
     for k, r in enumerate(requests):
         el = eligible_mask(state, r) & (state.usable_counts >= r.gpus_per_node)
-        for _ in range(r.node_count):
-            milli = r.gpu_milli if r.gpus_per_node else MILLI
-            out.append(Part(k, r, r.gpus_per_node, milli, r.cpu_milli, r.memory_mib, el))
+        shape = Shape.of(r)
+        out.extend(Part(k, r, shape, el) for _ in range(r.node_count))
     return out
-
-
-def fits_rows(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, gpus: int, milli: int, c: int, m: int) -> np.ndarray:
-    ok = (cpu >= c) & (mem >= m)
-    if gpus > 0:
-        ok &= (free >= milli).sum(axis=1) >= gpus
-    return ok
-
-
-def pick_gpus(row: np.ndarray, gpus: int, milli: int) -> tuple[int, ...] | None:
-    """GPU indices for a shape on one node's free row: the lowest whole GPUs, or the best-fitting share."""
-    if gpus == 0:
-        return ()
-    idx = np.flatnonzero(row >= milli)
-    if len(idx) < gpus:
-        return None
-    if gpus == 1 and milli < MILLI:
-        return (int(idx[np.argmin(row[idx])]),)
-    return tuple(int(i) for i in idx[:gpus])
 
 
 class Problem:
@@ -108,6 +103,7 @@ class Problem:
         self._targets: dict[tuple[object, ...], np.ndarray] = {}
         self._compat: dict[object, np.ndarray] = {}
         self._sig_groups: dict[tuple[object, ...], list[int]] | None = None
+        self._shapes: dict[int, Shape] = {}
 
     # ------------------------------------------------------------------ lookups
     def on_node(self, i: int) -> np.ndarray:
@@ -122,6 +118,8 @@ class Problem:
         reason: str | None = None
         if self.multi[wi]:
             reason = "multi-node workload (never moved)"
+        elif not getattr(w, "movable", True):  # the snapshot's per-workload flag (Workload.movable, when present)
+            reason = "marked not movable" + (f" ({w.movable_reason})" if getattr(w, "movable_reason", "") else "")
         elif w.labels.get(RESERVATION_LABEL) == "true":
             reason = "room reserved for an earlier pending request"
         elif self.opts.movable is not None and not self.opts.movable(w):
@@ -180,6 +178,13 @@ class Problem:
         w = self.ws[wi]
         return self.cm.eviction_cost(w, self.now), self.cm.drain_cost(w, self.now)
 
+    def shape(self, wi: int) -> Shape:
+        """What workload wi asks of its node."""
+        got = self._shapes.get(wi)
+        if got is None:
+            got = self._shapes[wi] = Shape.of(self.ws[wi].request)
+        return got
+
     def name(self, i: int) -> str:
         return self.state.nodes[i].name
 
@@ -188,25 +193,34 @@ class Problem:
 
 
 class Work:
-    """A mutable working copy of free capacity plus the moves and reservations made so far."""
+    """The planner's working state: the capacity model's working copy (core/capacity.py) plus the moves and
+    reservations made so far."""
 
     def __init__(self, p: Problem) -> None:
         self.p = p
-        self.free = p.state.free_milli.copy()
-        self.cpu = p.state.cpu_free.copy()
-        self.mem = p.state.mem_free.copy()
+        self.cap = Capacity.of_state(p.state)
         self.touched = np.zeros(len(p.state.nodes), dtype=np.int64)
         self.moved: dict[int, tuple[int, tuple[int, ...]]] = {}  # workload -> (target node, GPUs)
         self.order: list[int] = []  # workloads in the order they move
         self.reserved: list[tuple[Part, int, tuple[int, ...]]] = []
         self.score = 0.0
 
+    @property
+    def free(self) -> np.ndarray:
+        return self.cap.free
+
+    @property
+    def cpu(self) -> np.ndarray:
+        return self.cap.cpu_free
+
+    @property
+    def mem(self) -> np.ndarray:
+        return self.cap.mem_free
+
     def clone(self) -> Work:
         c = Work.__new__(Work)
         c.p = self.p
-        c.free = self.free.copy()
-        c.cpu = self.cpu.copy()
-        c.mem = self.mem.copy()
+        c.cap = self.cap.copy()
         c.touched = self.touched.copy()
         c.moved = dict(self.moved)
         c.order = list(self.order)
@@ -216,28 +230,18 @@ class Work:
 
     def assign(self, other: Work) -> None:
         """Become `other` (a clone this one was branched into)."""
-        self.free, self.cpu, self.mem, self.touched = other.free, other.cpu, other.mem, other.touched
+        self.cap, self.touched = other.cap, other.touched
         self.moved, self.order, self.reserved, self.score = other.moved, other.order, other.reserved, other.score
 
     def release(self, wi: int) -> None:
         """Take a workload off its source node (its GPUs become free)."""
         p = self.p
-        s = int(p.src[wi])
-        for g in p.ws[wi].placements[0].gpus:
-            self.free[s, g] += p.milli[wi]
-        self.cpu[s] += p.cpu[wi]
-        self.mem[s] += p.mem[wi]
-
-    def occupy(self, i: int, gpus: tuple[int, ...], milli: int, cpu: int, mem: int) -> None:
-        for g in gpus:
-            self.free[i, g] -= milli
-        self.cpu[i] -= cpu
-        self.mem[i] -= mem
+        self.cap.give(int(p.src[wi]), p.ws[wi].placements[0].gpus, p.shape(wi))
 
     def move(self, wi: int, dst: int, gpus: tuple[int, ...]) -> None:
         """Record a move whose source was already released."""
         p = self.p
-        self.occupy(dst, gpus, int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi]))
+        self.cap.take(dst, gpus, p.shape(wi))
         self.moved[wi] = (dst, gpus)
         self.order.append(wi)
         self.touched[int(p.src[wi])] += 1
@@ -245,8 +249,21 @@ class Work:
         self.score += p.move_cost(wi, int(p.src[wi]), dst).score
 
     def reserve(self, part: Part, i: int, gpus: tuple[int, ...]) -> None:
-        self.occupy(i, gpus, part.milli, part.cpu, part.mem)
+        self.cap.take(i, gpus, part.shape)
         self.reserved.append((part, i, gpus))
+
+    def fits_without(self, node: int, gone: list[int], shape: Shape) -> bool:
+        """Whether `shape` fits on `node` once the workloads `gone` (running on it) have left: a statement of
+        the capacity model, rolled back."""
+        cap = self.cap
+        m = cap.mark()
+        for v in gone:
+            self.release(v)
+        ok = cap.fits_on(node, shape)
+        cap.rollback(m)
+        if m == 0:
+            cap.commit()
+        return ok
 
     def budget_ok(self) -> np.ndarray:
         return self.touched < self.p.opts.max_moves_per_node
@@ -255,5 +272,51 @@ class Work:
         return self.p.opts.max_moves - len(self.order)
 
 
-def placement_of(p: Problem, part: Part, i: int, gpus: tuple[int, ...]) -> Placement:
-    return Placement(p.name(i), gpus)
+def capacity_proof(p: Problem, parts: list[Part]) -> str:
+    """A counting proof that no plan exists, whatever the moves: "" when the counts allow one. Settles at once
+    what CP-SAT needs seconds to minutes to prove on a full cluster.
+
+    1. GPUs. Every running workload stays somewhere and every part must land. A GPU held by a whole-GPU
+       workload or part holds nothing else; everything else (shares, and load of unknown origin) needs at least
+       its total milli-GPU / 1000 GPUs. GPUs that can hold anything after the plan are those of schedulable
+       nodes plus the busy ones of other nodes (their occupants may stay). Fewer GPUs than that: no plan.
+    2. Moves, per target node. A part needs `gpus` GPUs with its share free on its node; a workload leaving
+       frees at most the GPUs it holds there (a shared one at most one). The fewest departures that could free
+       enough (largest first) must fit the move budgets, else the node cannot be the target; a request with
+       fewer possible target nodes than parts has no plan."""
+    st = p.state
+    free = st.free_milli
+    exists = free >= 0
+    used = np.where(exists, MILLI - np.minimum(free, MILLI), 0)
+    avail = int((exists & (st.schedulable_mask[:, None] | (used > 0))).sum())
+    whole_w = (p.milli >= MILLI) & (p.gpus > 0)
+    n_place = np.fromiter((len(w.placements) for w in p.ws), dtype=np.int64, count=len(p.ws))
+    whole = int((p.gpus * n_place)[whole_w].sum()) + sum(pt.gpus for pt in parts if pt.milli >= MILLI)
+    share = int(used.sum()) - MILLI * int((p.gpus * n_place)[whole_w].sum())
+    share += sum(pt.gpus * pt.milli for pt in parts if pt.milli < MILLI)
+    need = whole + -(-share // MILLI)
+    if need > avail:
+        return (f"the running workloads and the request need at least {need} GPUs, "
+                f"and the cluster can offer {avail}")
+    budget = min(p.opts.max_moves, p.opts.max_moves_per_node)
+    by_req: dict[int, int] = {}
+    for part in parts:
+        ok = 0
+        have = (free >= part.milli).sum(axis=1)
+        for i in np.flatnonzero(part.eligible):
+            missing = part.gpus - int(have[i])
+            if missing <= 0:
+                ok += 1
+                continue
+            frees = sorted((min(int(p.gpus[wi]), 1 if p.milli[wi] < MILLI else MILLI) for wi in p.on_node(int(i))
+                            if p.why_not_movable(int(wi)) is None), reverse=True)
+            got = np.cumsum(frees[:budget]) if frees else np.zeros(0)
+            if len(got) and got[-1] >= missing:
+                ok += 1
+        by_req[part.req] = ok
+    for part in parts:
+        count = sum(1 for q in parts if q.req == part.req)
+        if by_req[part.req] < count:
+            return (f"no {'node' if count == 1 else f'{count} nodes'} can take {part.request.label()}: clearing "
+                    f"any candidate needs more than {budget} moves or more than its movable workloads hold")
+    return ""

@@ -1,17 +1,22 @@
-"""The simulator's checkpoint-size model: how many bytes a move writes, sends and restores.
+"""The simulator's checkpoint-size model: how many bytes a move writes, sends and restores; what a move costs
+comes from the one cost formula, `gpudefrag.core.cost.CostModel.move_cost`, as for the planner.
 
 A pod's checkpoint = its share of each GPU's memory (the share it asked for × the GPU model's memory: a
 sharing pod at 470 milli on a 32 GiB GPU checkpoints 15 GB of GPU state) + its host-memory request (the CPU
 side: process memory, pinned buffers), both assumed fully in use — an upper bound that makes moves look
-expensive rather than cheap. Time per move follows `gpudefrag.core.cost.CostModel`'s bandwidths (checkpoint
-2 GB/s, transfer 1.25 GB/s, restore 2 GB/s, 10 s overhead by default).
+expensive rather than cheap.
 """
 
 from __future__ import annotations
 
-from ..core.cost import CostModel
-from ..core.model import MILLI
-from ..core.placement import Pod
+from typing import TYPE_CHECKING
+
+from ..core.cost import CostModel, MoveCost
+from ..core.model import MILLI, Request, Workload
+from ..core.placement import Choice, Cluster, Pod
+
+if TYPE_CHECKING:
+    from .replay import MoveStats
 
 GIB = 1024**3
 MIB = 1024**2
@@ -31,7 +36,31 @@ def checkpoint_bytes(pod: Pod, gpu_model: str | None) -> float:
     return gpu_part + pod.memory_mib * MIB
 
 
+def as_workload(pod: Pod, nbytes: float, pid: int = 0) -> Workload:
+    """The pod as the planner sees a running workload (its shape and checkpoint size)."""
+    return Workload(f"pod-{pid}", Request(pod.num_gpu, 1, pod.gpu_milli, pod.cpu_milli, pod.memory_mib,
+                                          pod.gpu_models), checkpoint_bytes=int(nbytes))
+
+
+def move_cost(pod: Pod, gpu_model: str | None, source: str = "", target: str = "",
+              model: CostModel | None = None) -> MoveCost:
+    """A fresh-checkpoint move of the pod, priced by core.cost (its `score` is what the planner minimises)."""
+    w = as_workload(pod, checkpoint_bytes(pod, gpu_model))
+    return (model or CostModel()).move_cost(w, source, target, 0.0)
+
+
 def move_seconds(nbytes: float, model: CostModel | None = None) -> float:
-    """Downtime of one fresh-checkpoint move of `nbytes`."""
-    m = model or CostModel()
-    return nbytes / m.checkpoint_bps + nbytes / m.transfer_bps + nbytes / m.restore_bps + m.overhead_s
+    """Downtime of one fresh-checkpoint move of `nbytes` (core.cost's formula)."""
+    w = Workload("pod", Request(0, 1, 0), checkpoint_bytes=int(nbytes))
+    return (model or CostModel()).move_cost(w, "", "", 0.0).downtime_s
+
+
+def record_move(stats: MoveStats, pod: Pod, cl: Cluster, was: Choice, now: Choice,
+                model: CostModel | None = None) -> None:
+    """Count one move in a replay's MoveStats: share, checkpoint bytes, downtime and the planner's score."""
+    b = checkpoint_bytes(pod, cl.models[was.node])
+    mc = (model or CostModel()).move_cost(as_workload(pod, b), cl.names[was.node], cl.names[now.node], 0.0)
+    stats.moved_milli += pod.gpu_total
+    stats.moved_bytes += b
+    stats.move_seconds += mc.downtime_s
+    stats.moved_gpu_s += mc.score

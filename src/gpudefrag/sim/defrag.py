@@ -26,8 +26,8 @@ import numpy as np
 
 from ..core.cost import CostModel
 from ..core.model import MILLI
-from ..core.placement import Choice, Cluster, Pod, Policy, exclusive_gpus
-from .costs import checkpoint_bytes, move_seconds
+from ..core.placement import Choice, Cluster, Pod, Policy
+from .costs import record_move
 from .replay import MoveStats, Placed
 
 BIG = 1 << 30
@@ -164,19 +164,20 @@ class ArrayDefragmenter:
         if cpu < pod.cpu_milli or mem < pod.memory_mib:
             return None
         old = {v: placed.pods[v] for v in victims}
+        cl.mark()  # one statement of the capacity model: everything below is rolled back unless committed
         for v in victims:
             cl.remove(*old[v])
-        if not pod.is_sharing:
-            gpus = exclusive_gpus(cl, n, pod.num_gpu)
+        gpus = cl.pick(n, pod) or () if not pod.is_sharing else gpus
         if len(gpus) != pod.num_gpu or any(cl.free[n, g] < pod.gpu_milli for g in gpus):
-            for v in victims:  # the estimate was wrong (should not happen): put everything back
-                cl.place(*old[v])
+            cl.rollback()  # the estimate was wrong (should not happen): put everything back
+            cl.commit()
             return None
         mine = Choice(n, gpus)
         cl.place(pod, mine)
         new: dict[int, Choice] = {}
         lost: list[int] = []
         if self.action == "evict" and self.requeue_evicted and commit:
+            cl.commit()
             for v in victims:
                 placed.drop(v)
                 stats.evictions += 1
@@ -193,14 +194,11 @@ class ArrayDefragmenter:
             new[v] = ch
         else:
             if commit:
+                cl.commit()
                 self._commit(cl, placed, stats, old, new, lost)
                 return mine
-        # undo: a migration that cannot re-place every victim is not made
-        for v, ch in new.items():
-            cl.remove(old[v][0], ch)
-        cl.remove(pod, mine)
-        for v in victims:
-            cl.place(*old[v])
+        cl.rollback()  # a migration that cannot re-place every victim is not made
+        cl.commit()
         return mine if (not commit and len(new) == len(victims)) else None
 
     def _commit(self, cl: Cluster, placed: Placed, stats: MoveStats, old: dict[int, tuple[Pod, Choice]],
@@ -211,10 +209,7 @@ class ArrayDefragmenter:
             self.last_moved.append((v, was, ch))
             if self.action == "migrate":
                 stats.moves += 1
-                b = checkpoint_bytes(p, cl.models[was.node])
-                stats.moved_milli += p.gpu_total
-                stats.moved_bytes += b
-                stats.move_seconds += move_seconds(b, self.cost_model)
+                record_move(stats, p, cl, was, ch, self.cost_model)
             else:
                 stats.evictions += 1
         for v in lost:

@@ -42,6 +42,7 @@ class StaticRun:
     defrag: str = "none"  # "none" | "migrate" | "evict" | "repack"
     max_moves: int = 8
     snapshot: str = ""  # a gpudefrag snapshot to take the cluster from instead of `nodes`
+    gib_per_gpu: float = 0.0  # repack's move price: GiB of checkpoints a rescue may move per GPU placed (0 = free)
 
 
 @lru_cache(maxsize=4)
@@ -72,7 +73,7 @@ def run_one(run: StaticRun) -> ReplayResult:
         if run.defrag == "repack":
             from .repack import ChainRepacker
 
-            defrag = ChainRepacker(max_moves=run.max_moves)
+            defrag = ChainRepacker(max_moves=run.max_moves, gib_per_gpu=run.gib_per_gpu)
         else:
             from .defrag import make_defragmenter
 
@@ -136,6 +137,6 @@ def author_curves(trace_dir: str | os.PathLike[str], workload: str = "openb_pod_
 
 def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLICIES,
                 seeds: Sequence[int] = DEFAULT_SEEDS, tune: float = 1.3, defrag: Sequence[str] = ("none",),
-                max_moves: int = 8, snapshot: str = "") -> list[StaticRun]:
-    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""))
+                max_moves: int = 8, snapshot: str = "", gib_per_gpu: float = 0.0) -> list[StaticRun]:
+    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""), gib_per_gpu)
             for d in defrag for p in policies for s in seeds]

@@ -40,6 +40,21 @@ def covered(dims: tuple[int, ...], failed) -> bool:
     return any(all(a >= b for a, b in zip(dims, f, strict=True)) for f in failed)
 
 
+def bins_needed(sizes: list[int], cap: int = MILLI) -> int:
+    """Martello and Toth's L2 lower bound on the GPUs (bins of `cap`) that items of these shares need. For each
+    threshold K ≤ cap/2: items above cap − K need a GPU each and share it with nothing of size ≥ K; items in
+    (cap/2, cap − K] need a GPU each too; items in [K, cap/2] fill the room those leave, then whole GPUs."""
+    half = cap / 2
+    best = 0
+    for k in {0, *(w for w in sizes if w <= half)}:
+        big = sum(1 for w in sizes if w > cap - k)
+        mid = [w for w in sizes if half < w <= cap - k]
+        small = sum(w for w in sizes if k <= w <= half)
+        room = len(mid) * cap - sum(mid)
+        best = max(best, big + len(mid) + max(0, -(-(small - room) // cap)))
+    return best
+
+
 def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
     """Partly used GPUs with the most share free (a tie: the node with the most CPU free), one of each content
     in turn, leaving out a GPU whose single pod sits beside a piece under 200 milli (an 810-milli pod and its
@@ -116,6 +131,8 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: 
         cpu_budget[ch.node] += p.cpu_milli
         mem_budget[ch.node] += p.memory_mib
     pods = [s.placed.pods[pid][0] for pid in items] + [pod]
+    if bins_needed([p.gpu_milli for p in pods]) > len(bins):
+        return None  # the shares alone do not pack into the pool's GPUs: no CP-SAT needed to say so
     twins = twins_of(s)
     mine = {n: {g for nn, g in bins if nn == n} for n in nodes}  # each node's pool GPUs: relief leaves them be
     potential = {n: relief_potential(s, n, mine[n], frozenset(nodes), twins) for n in nodes}

@@ -20,11 +20,15 @@ moves find nothing). `ChainRepacker` tries three things in turn, cheapest first:
    (`cpu_swaps`): when saturated, the free GPUs sit on CPU-poor nodes and the free CPU on GPU-full ones.
 3. **Pool repack** (`sim/pool_repack.py`, one-GPU pods). CP-SAT repacks the `pool` partly used GPUs with the
    most share free, with CPU relief for the nodes that need CPU, fewest moves first.
-4. **All or nothing.** Every change is logged; a rescue whose victims cannot all be re-placed, or that would move
-   more pods than allowed, is undone exactly. A pod moved (its node or GPU changed) counts once per rescue,
+4. **All or nothing.** Every change is made inside one statement of the capacity model (core/capacity.py,
+   `mark` / `rollback` / `commit`); a rescue whose victims cannot all be re-placed, or that would move more pods
+   than allowed, is rolled back exactly. A pod moved (its node or GPU changed) counts once per rescue,
    however often it was touched; a pod that ends where it started is not a move.
 
-A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. Multi-GPU
+A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. A move
+price (`gib_per_gpu`) makes it weigh what the moves cost: a rescue may write at most that many GiB of checkpoints
+(sim/costs.py's size model) per GPU it places; a dearer one is undone and the next stage (or target) tried.
+Moves are priced by core.cost, as the planner prices them. Multi-GPU
 pods that fail are checked once more with unlimited moves (not applied) and counted in
 `MoveStats.multi_gpu_failed_clearable` when relief or a repack could have placed them.
 """
@@ -39,7 +43,7 @@ import numpy as np
 from ..core.cost import CostModel
 from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod, Policy
-from .costs import checkpoint_bytes, move_seconds
+from .costs import GIB, checkpoint_bytes, record_move
 from .cpu_relief import relieve
 from .pool_repack import covered, pool_repack
 from .replay import MoveStats, Placed
@@ -70,59 +74,58 @@ def _attempt(s: _Search, step: Callable[[], Choice | None]) -> Choice | None:
 
 @dataclass
 class _Search:
-    """One rescue's tentative changes: the cluster and `placed` are edited in place and can be undone."""
+    """One rescue's tentative changes, made in place inside one statement of the capacity model
+    (core/capacity.py): the cluster's arrays and `placed` (kept beside them through `Capacity.note`) are
+    changed together and rolled back together."""
 
     cl: Cluster
     placed: Placed
     policy: Policy
     rng: np.random.Generator
     limit: int
-    log: list[tuple[str, object, object]] = field(default_factory=list)
     limbo: set[int] = field(default_factory=set)  # ejected pods waiting for a place (still listed in `placed`)
     orig: dict[int, Choice] = field(default_factory=dict)  # where each touched pod started
+
+    def __post_init__(self) -> None:
+        self.cl.mark()
 
     # ------------------------------------------------------------------ reversible primitives
     def eject(self, pid: int) -> None:
         pod, ch = self.placed.pods[pid]
+        cl, limbo = self.cl, self.limbo
         if pid not in self.orig:
             self.orig[pid] = ch
-            self.log.append(("orig", pid, ch))
+            cl.note(lambda: self.orig.pop(pid))
             if len(self.orig) > self.limit:
                 raise _Abort
-        self.cl.remove(pod, ch)
-        self.limbo.add(pid)
-        self.log.append(("eject", pid, ch))
+        cl.give(ch.node, ch.gpus, pod)
+        limbo.add(pid)
+        cl.note(lambda: limbo.discard(pid))
 
     def put(self, pid: int, ch: Choice) -> None:
         pod, old = self.placed.pods[pid]
-        self.cl.place(pod, ch)
-        self.placed.move(pid, ch)
-        self.limbo.discard(pid)
-        self.log.append(("put", pid, old))
+        placed, limbo = self.placed, self.limbo
+        self.cl.take(ch.node, ch.gpus, pod)
+        placed.move(pid, ch)
+        limbo.discard(pid)
+
+        def back() -> None:
+            placed.move(pid, old)
+            limbo.add(pid)
+
+        self.cl.note(back)
 
     def put_new(self, pod: Pod, ch: Choice) -> None:
-        self.cl.place(pod, ch)
-        self.log.append(("new", pod, ch))
+        self.cl.take(ch.node, ch.gpus, pod)
 
     def mark(self) -> int:
-        return len(self.log)
+        return self.cl.mark()
 
-    def undo(self, mark: int = 0) -> None:
-        while len(self.log) > mark:
-            op, a, b = self.log.pop()
-            if op == "eject":
-                pod, _ = self.placed.pods[a]  # type: ignore[index]
-                self.cl.place(pod, b)  # type: ignore[arg-type]
-                self.limbo.discard(a)  # type: ignore[arg-type]
-            elif op == "orig":
-                del self.orig[a]  # type: ignore[arg-type]
-            elif op == "put":
-                pod, ch = self.placed.pods[a]  # type: ignore[index]
-                self.cl.remove(pod, ch)
-                self.placed.move(a, b)  # type: ignore[arg-type]
-                self.limbo.add(a)  # type: ignore[arg-type]
-            else:
-                self.cl.remove(a, b)  # type: ignore[arg-type]
+    def undo(self, mark: int | None = None) -> None:
+        """Roll back to `mark`; without one, to the start, closing the statement."""
+        self.cl.rollback(mark or 0)
+        if mark is None:
+            self.cl.commit()
 
     def moved(self) -> list[int]:
         return [p for p, ch in self.orig.items() if self.placed.pods[p][1] != ch]
@@ -154,11 +157,13 @@ class ChainRepacker:
     scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
     movable: Callable[[Pod], bool] | None = None
     cost_model: CostModel | None = None
+    gib_per_gpu: float = 0.0  # the move price: a rescue may move at most this many GiB per GPU placed; 0 = free
     check_clearable: bool = True  # count multi-GPU failures that unlimited moves would have rescued
     last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)
     _failed: dict[tuple[int, tuple[str, ...]], list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
     _state: tuple[int, int, int] = (-1, -1, -1)
     _pool_memo: dict = field(default_factory=dict, repr=False)
+    _priced_out: bool = field(default=False, repr=False)
 
     # ------------------------------------------------------------------ entry point
     def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
@@ -177,18 +182,23 @@ class ChainRepacker:
         known = covered(dims, self._failed.get(key, ()))
         if limit > 0 and not known:
             s = _Search(cl, placed, policy, rng, limit)
-            choice = self._relieve(s, pod) if self.cpu_relief else None
-            if choice is None:
-                choice = self._try(s, pod)
-            if choice is None and self.pool:
-                choice = self._pool(s, pod)
-            if choice is not None:
-                self._commit(cl, placed, stats, s)
-                return choice
-            self._failed.setdefault(key, []).append(dims)
+            self._priced_out = False
+            stages = ((self._relieve,) if self.cpu_relief else ()) + (self._try,) + ((self._pool,) if self.pool else ())
+            for stage in stages:
+                choice = stage(s, pod)
+                if choice is None:
+                    continue
+                if self._worth_it(s, pod):
+                    self._commit(cl, placed, stats, s)
+                    return choice
+                self._priced_out = True
+                s.undo()  # found, but it moves more than it is worth: the next stage may do it cheaper
+            if not self._priced_out:  # (a priced-out pod proves nothing about a larger one)
+                self._failed.setdefault(key, []).append(dims)
         if self.check_clearable and pod.num_gpu > 1:
             s = _Search(cl, placed, policy, rng, BIG)
-            if (self.cpu_relief and self._relieve(s, pod) is not None) or self._try(s, pod) is not None:
+            if ((self.cpu_relief and self._relieve(s, pod) is not None)
+                    or self._try(s, pod, priced=False) is not None):
                 stats.multi_gpu_failed_clearable += 1
             s.undo()
         return None
@@ -199,18 +209,27 @@ class ChainRepacker:
     def _pool(self, s: _Search, pod: Pod) -> Choice | None:
         return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_seconds, self.movable, self._pool_memo))
 
-    def _try(self, s: _Search, pod: Pod) -> Choice | None:
+    def _try(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
         try:
             for n, gpus in self._targets(s, pod):
                 m = s.mark()
                 ch = self._take(s, pod, n, gpus, self.depth)
-                if ch is not None:
+                if ch is not None and (not priced or self._worth_it(s, pod)):
                     return ch
+                self._priced_out |= ch is not None
                 s.undo(m)
         except _Abort:
             pass
         s.undo()
         return None
+
+    def moved_gib(self, s: _Search) -> float:
+        """Checkpoint GiB the search's moves would write (sim/costs.py's size model)."""
+        return sum(checkpoint_bytes(s.placed.pods[p][0], s.cl.models[s.orig[p].node]) for p in s.moved()) / GIB
+
+    def _worth_it(self, s: _Search, pod: Pod) -> bool:
+        """Is placing `pod` worth the moves: at most `gib_per_gpu` GiB of checkpoints per GPU it places."""
+        return self.gib_per_gpu <= 0 or self.moved_gib(s) <= self.gib_per_gpu * pod.gpu_total / MILLI
 
     # ------------------------------------------------------------------ targets
     def _movable(self, s: _Search, pid: int) -> bool:
@@ -257,6 +276,17 @@ class ChainRepacker:
         if len(rows) == 0:
             return []
         order = np.argsort(-free[rows, cols], kind="stable")[: self.scan]
+        # only GPUs whose ejectable pods (smaller ones, not already ejected) hold enough share: one vectorised
+        # pass over all sharing pods instead of a Python look at each GPU's pods
+        pods = s.placed.sharing_rows()
+        live = pods[:, 3] == 1
+        if s.limbo:
+            live[list(s.limbo)] = False
+        small = live & ((pods[:, 2] < size) | (self.swaps & (pods[:, 2] == size)))
+        width = free.shape[1]
+        held = np.bincount(pods[small, 0] * width + pods[small, 1], weights=pods[small, 2], minlength=free.size)
+        r, c = rows[order], cols[order]
+        order = order[held[r * width + c] >= size - free[r, c]]
         out: list[tuple[int, int, list[int], int]] = []
         for i in order:
             if len(out) >= 4 * self.breadth:
@@ -404,12 +434,10 @@ class ChainRepacker:
 
     # ------------------------------------------------------------------ commit
     def _commit(self, cl: Cluster, placed: Placed, stats: MoveStats, s: _Search) -> None:
+        cl.commit()
         for pid in s.moved():
             p, now = placed.pods[pid]
             was = s.orig[pid]
             self.last_moved.append((pid, was, now))
             stats.moves += 1
-            b = checkpoint_bytes(p, cl.models[was.node])
-            stats.moved_milli += p.gpu_total
-            stats.moved_bytes += b
-            stats.move_seconds += move_seconds(b, self.cost_model)
+            record_move(stats, p, cl, was, now, self.cost_model)

@@ -60,7 +60,8 @@ class MoveStats:
     evictions: int = 0
     moved_milli: int = 0  # GPU share moved (milli-GPU)
     moved_bytes: float = 0.0  # checkpoint bytes moved (see sim/costs.py)
-    move_seconds: float = 0.0
+    move_seconds: float = 0.0  # downtime of the moves (core.cost)
+    moved_gpu_s: float = 0.0  # the moves' score as the planner prices them (core.cost: GPU-seconds)
     rescued: int = 0  # pods placed only thanks to moves
     evicted_lost: int = 0  # evicted pods that found no room again (their work and their place are lost)
     evicted_lost_milli: int = 0
@@ -78,48 +79,66 @@ class Defragmenter(Protocol):
 
 @dataclass
 class Placed:
-    """The pods on the cluster: id → (pod, choice), the ids per node, and the pod count per GPU."""
+    """The pods on the cluster: id → (pod, choice), the ids per node and per GPU, the pod count per GPU, and
+    per pod id its node, first GPU and share as arrays (`sharing_rows`), for the repacker's vectorised scans."""
 
     npods: np.ndarray  # nodes × GPUs
     pods: dict[int, tuple[Pod, Choice]] = field(default_factory=dict)
     by_node: dict[int, set[int]] = field(default_factory=dict)
+    by_gpu: dict[tuple[int, int], set[int]] = field(default_factory=dict)
     next_id: int = 0
+    _where: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), dtype=np.int64))  # node, GPU, share, on
 
     @staticmethod
     def for_cluster(cl: Cluster) -> Placed:
         return Placed(np.zeros(cl.free.shape, dtype=np.int32))
 
-    def _count(self, choice: Choice, delta: int) -> None:
+    def _index(self, pid: int, pod: Pod, choice: Choice, delta: int) -> None:
+        n = choice.node
+        if delta > 0:
+            self.by_node.setdefault(n, set()).add(pid)
+        else:
+            self.by_node[n].discard(pid)
         for g in choice.gpus:
-            self.npods[choice.node, g] += delta
+            self.npods[n, g] += delta
+            if delta > 0:
+                self.by_gpu.setdefault((n, g), set()).add(pid)
+            else:
+                self.by_gpu[(n, g)].discard(pid)
+        if pod.is_sharing:
+            self._where[pid] = (n, choice.gpus[0], pod.gpu_milli, 1 if delta > 0 else 0)
 
     def add(self, pod: Pod, choice: Choice) -> int:
         pid = self.next_id
         self.next_id += 1
+        if pid >= len(self._where):
+            grown = np.zeros((max(1024, 2 * len(self._where)), 4), dtype=np.int64)
+            grown[: len(self._where)] = self._where
+            self._where = grown
         self.pods[pid] = (pod, choice)
-        self.by_node.setdefault(choice.node, set()).add(pid)
-        self._count(choice, 1)
+        self._index(pid, pod, choice, 1)
         return pid
 
     def move(self, pid: int, choice: Choice) -> None:
         pod, old = self.pods[pid]
-        self.by_node[old.node].discard(pid)
-        self._count(old, -1)
+        self._index(pid, pod, old, -1)
         self.pods[pid] = (pod, choice)
-        self.by_node.setdefault(choice.node, set()).add(pid)
-        self._count(choice, 1)
+        self._index(pid, pod, choice, 1)
 
     def drop(self, pid: int) -> tuple[Pod, Choice]:
         pod, ch = self.pods.pop(pid)
-        self.by_node[ch.node].discard(pid)
-        self._count(ch, -1)
+        self._index(pid, pod, ch, -1)
         return pod, ch
 
     def on(self, node: int, gpu: int | None = None) -> list[int]:
-        ids = sorted(self.by_node.get(node, ()))
+        """Pod ids on the node (or on one GPU of it), in id order."""
         if gpu is None:
-            return ids
-        return [i for i in ids if gpu in self.pods[i][1].gpus]
+            return sorted(self.by_node.get(node, ()))
+        return sorted(self.by_gpu.get((node, gpu), ()))
+
+    def sharing_rows(self) -> np.ndarray:
+        """Per pod id (rows up to next_id): node, GPU, share, 1 if a placed sharing pod (else 0)."""
+        return self._where[: self.next_id]
 
 
 @dataclass

@@ -1,0 +1,113 @@
+"""The capacity model (core/capacity.py): statements roll back exactly, and the planner's counting proof
+settles "no node can be cleared" before any CP-SAT search, never wrongly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from gpudefrag.core.capacity import Capacity, Shape, fits, pick_gpus
+from gpudefrag.core.planner import PlanOptions, plan_moves
+from gpudefrag.core.planner_exact import solve_exact
+from gpudefrag.core.planner_problem import Problem, capacity_proof, parts_of
+
+from .test_property import options, problems
+
+
+def test_a_statement_rolls_back_exactly_and_nests():
+    cap = Capacity(np.array([[1000, 1000, 300], [1000, -1, -1]]), np.array([8000, 4000]), np.array([100, 50]))
+    before = (cap.free.copy(), cap.cpu_free.copy(), cap.mem_free.copy())
+    seen: list[str] = []
+    outer = cap.mark()
+    cap.take(0, (0, 1), Shape(2, 1000, 2000, 10))
+    cap.note(lambda: seen.append("outer"))
+    inner = cap.mark()
+    cap.give(0, (2,), Shape(1, 700, 0, 0))
+    cap.take(1, (0,), Shape(1, 500, 1000, 5))
+    cap.note(lambda: seen.append("inner"))
+    assert cap.free.tolist() == [[0, 0, 1000], [500, -1, -1]]
+    cap.rollback(inner)
+    assert seen == ["inner"] and cap.free.tolist() == [[0, 0, 300], [1000, -1, -1]]
+    cap.rollback(outer)
+    assert seen == ["inner", "outer"]
+    for a, b in zip(before, (cap.free, cap.cpu_free, cap.mem_free), strict=True):
+        assert (a == b).all()
+    cap.commit()
+    cap.take(0, (2,), Shape(1, 300))  # outside a statement nothing is logged, so nothing rolls back
+    cap.rollback()
+    assert cap.free[0, 2] == 0
+
+
+def test_a_change_that_does_not_fit_is_refused_whole():
+    cap = Capacity(np.array([[1000, 400]]), np.array([1000]), np.array([10]))
+    with pytest.raises(ValueError, match="GPU 1 of node 0"):
+        cap.take(0, (0, 1), Shape(2, 1000))
+    with pytest.raises(ValueError, match="CPU or memory"):
+        cap.take(0, (0,), Shape(1, 1000, 2000))
+    with pytest.raises(ValueError, match="distinct"):
+        cap.take(0, (0, 0), Shape(2, 300))
+    assert cap.free.tolist() == [[1000, 400]] and cap.cpu_free[0] == 1000
+
+
+def test_one_fit_and_one_picker():
+    free = np.array([[1000, 200, 600, -1], [1000, 1000, 0, 0]])
+    ok = fits(free, np.array([10, 10]), np.array([0, 0]), Shape(2, 1000))
+    assert ok.tolist() == [False, True]
+    assert pick_gpus(free[0], Shape(1, 500)) == (2,)  # the fullest GPU that fits
+    assert pick_gpus(free[0], Shape(1, 500), "empty") == (0,)
+    assert pick_gpus(free[1], Shape(2, 1000)) == (0, 1)
+    assert pick_gpus(free[0], Shape(2, 1000)) is None
+
+
+def full_cluster(pb, sizes: tuple[tuple[int, ...], ...]):
+    """4 nodes of 8 GPUs; node i holds whole-GPU jobs of the given sizes."""
+    jobs = [pb.job(f"j{i}_{k}", s, f"n{i}", gib=5.0) for i, row in enumerate(sizes) for k, s in enumerate(row)]
+    return pb.build([pb.node(f"n{i}") for i in range(4)], jobs)
+
+
+BUSY_26 = ((2, 2, 2, 1), (2, 2, 2, 1), (2, 2, 1, 1), (2, 2, 2))  # 15 jobs, 26 busy GPUs
+BUSY_22 = ((2, 2, 1, 1), (2, 2, 1, 1), (2, 2, 1, 1), (2, 1, 1))  # 15 jobs, 22 busy GPUs
+
+
+def test_more_busy_gpus_than_three_nodes_hold_is_proven_infeasible_by_counting(pb):
+    # 15 jobs on 4 × 8 GPUs: 26 busy GPUs, so the other three nodes cannot take a cleared node's jobs
+    state = full_cluster(pb, BUSY_26)
+    assert len(state.running) == 15 and int((state.free_milli < 1000).sum()) == 26
+    request = pb.build([pb.node("x")], [pb.job("p", 8)]).workload("p").request
+    p = Problem(state, PlanOptions())
+    assert "need at least 34 GPUs" in capacity_proof(p, parts_of(state, [request]))
+    plan = plan_moves(state, request, PlanOptions(solver="exact", time_limit_s=60.0))
+    assert not plan.feasible and plan.solver == "exact"
+    assert "need at least 34 GPUs, and the cluster can offer 32" in plan.reason
+
+
+def test_the_proof_stays_silent_when_a_plan_exists(pb):
+    state = full_cluster(pb, BUSY_22)  # 22 + 8 <= 32 GPUs: n3's three jobs fit elsewhere
+    request = pb.build([pb.node("x")], [pb.job("p", 8)]).workload("p").request
+    assert capacity_proof(Problem(state, PlanOptions()), parts_of(state, [request])) == ""
+    plan = plan_moves(state, request, PlanOptions())
+    assert plan.feasible and len(plan.moves) == 3
+
+
+def test_the_move_budget_is_counted_per_target_node(pb):
+    state = full_cluster(pb, BUSY_22)  # clearing any node needs at least 3 departures
+    request = pb.build([pb.node("x")], [pb.job("p", 8)]).workload("p").request
+    why = capacity_proof(Problem(state, PlanOptions(max_moves=2)), parts_of(state, [request]))
+    assert "more than 2 moves" in why
+    assert not plan_moves(state, request, PlanOptions(max_moves=2)).feasible
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), options)
+def test_the_counting_proof_is_never_wrong(problem, opts):
+    """Whenever the proof says no plan exists, CP-SAT over every node finds none either."""
+    state, request = problem
+    opts = dataclasses.replace(opts, time_limit_s=5.0)
+    p = Problem(state, opts)
+    parts = parts_of(state, [request])
+    if capacity_proof(p, parts):
+        ex = solve_exact(p, parts, None)
+        assert ex.work is None
