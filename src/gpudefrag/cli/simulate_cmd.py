@@ -79,6 +79,12 @@ def _clean(x: object) -> object:
     return x
 
 
+def _num(x: object) -> str:
+    """Two decimals, or a dash where there is no number (NaN: e.g. no authors' value for this workload)."""
+    v = float(x)  # type: ignore[arg-type]
+    return "—" if v != v else f"{v:.2f}"
+
+
 @sim_app.command("static")
 def static(
     pods: Path = typer.Option(..., "--pods", help="Pod list CSV (e.g. openb_pod_list_default.csv)"),
@@ -100,10 +106,10 @@ def static(
 ) -> None:
     """Replay the FGD study's method (shuffle, tune, place one by one, nothing leaves) for policies × seeds."""
     from ..sim.bound import arrived_prefix, lower_bound
-    from ..sim.experiments import author_curves, run_many, static_runs
+    from ..sim.experiments import AuthorResults, authors_for, run_many, static_runs
     from ..sim.replay import build_workload
     from ..sim.report import POINTS, staged_folder, write_static
-    from ..sim.trace import Trace, cluster_from_snapshot, load_pods, load_trace
+    from ..sim.trace import Trace, load_pods, load_trace
 
     pols = _split(policies, list(POLICIES), "--policies")
     acts = _split(defrag, ("none", "migrate", "evict", "repack"), "--defrag")
@@ -115,8 +121,12 @@ def static(
     _check_out(out, force)
     # validate the inputs here, before any worker or folder exists
     if snapshot is not None:
-        trace = Trace((), load_pods(pods))
-        cl = cluster_from_snapshot(snapshot, trace.mix())
+        from ..core.placement import Cluster
+        from ..snapshot import load_snapshot
+
+        state = load_snapshot(snapshot)
+        trace = Trace((), load_pods(pods, {n.gpu_model for n in state.nodes if n.gpu_model}))
+        cl = Cluster.from_state(state, trace.mix())
     else:
         trace = load_trace(nodes, pods)
         cl = trace.cluster()
@@ -130,22 +140,25 @@ def static(
         for s in seed_list:
             wl = build_workload(all_pods, cl.capacity_milli, s, tune)
             bounds.append(lower_bound(arrived_prefix(wl, cl.capacity_milli, 100.0), int(cl.gpu_count.sum())))
-    # the authors' numbers only mean something on their cluster
-    au = author_curves(authors if authors else pods.parent) if snapshot is None else {}
+    # the authors' numbers only mean something on their cluster, for the workload that ran
+    au = (authors_for(pods, authors) if snapshot is None else
+          AuthorResults(pods.stem, {}, {}, "none: a snapshot's cluster is not the authors'"))
     meta = {"nodes": str(nodes or snapshot), "pods": str(pods), "policies": ",".join(pols), "seeds": seed_list,
-            "tune": tune, "defrag": ",".join(acts)}
+            "tune": tune, "defrag": ",".join(acts), "authors' results": au.source}
     with staged_folder(out) as tmp:
-        summary = write_static(tmp, results, au, bounds, meta)
+        summary = write_static(tmp, results, au.curves, bounds, meta, au.paper_at_100)
     if json_out:
-        emit_json(_clean({"out": str(out), "summary": summary, "bounds": [b.as_dict() for b in bounds]}))
+        emit_json(_clean({"out": str(out), "summary": summary, "bounds": [b.as_dict() for b in bounds],
+                          "authors": au.source}))
         return
     t = Table("policy", *(f"{k} %" for k in POINTS), "authors @100", "max |Δ| 75–130", "moves/pod",
               title="Median unallocated GPU % by arrived workload")
     for row in summary:
         t.add_row(str(row["policy"]), *(f"{float(row[f'unalloc_{k}']):.2f}" for k in POINTS),  # type: ignore[arg-type]
-                  f"{float(row['authors_100']):.2f}", f"{float(row['max_abs_diff_75_130']):.2f}",  # type: ignore[arg-type]
+                  _num(row["authors_100"]), _num(row["max_abs_diff_75_130"]),
                   f"{float(row['moves_per_placed_pod']):.4f}")  # type: ignore[arg-type]
     console.print(t)
+    console.print(f"authors' results: {escape(au.source)}")
     if bounds:
         console.print(f"lower bound at 100 % arrived: {sum(b.unallocated_pct for b in bounds) / len(bounds):.2f} %")
     console.print(f"wrote {escape(str(out))}/report.md")

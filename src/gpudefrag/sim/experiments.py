@@ -28,6 +28,7 @@ AUTHOR_NAMES = {
 PAPER_AT_100 = {"random": 13.75, "dotproduct": 9.45, "gpuclustering": 8.42, "gpupacking": 8.20,
                 "bestfit": 7.09, "fgd": 4.77}
 DEFAULT_SEEDS = tuple(range(42, 52))
+DEFAULT_WORKLOAD = "openb_pod_list_default"
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,9 @@ def median_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:
     return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
 
 
-def author_curves(trace_dir: str | os.PathLike[str], workload: str = "openb_pod_list_default") -> dict[str, np.ndarray]:
-    """The authors' median unallocated-GPU % curves, if their cached results sit beside the trace."""
+def author_curves(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WORKLOAD) -> dict[str, np.ndarray]:
+    """The authors' median unallocated-GPU % curves for `workload`, if their cached results sit in
+    `trace_dir/fgd-expected-results/` (empty when the file or the workload's rows are absent)."""
     path = Path(trace_dir) / "fgd-expected-results" / "analysis_allo_discrete.csv"
     if not path.is_file():
         return {}
@@ -132,6 +134,33 @@ def author_curves(trace_dir: str | os.PathLike[str], workload: str = "openb_pod_
                               for k in range(CURVE_MAX + 1)])
             by.setdefault(name, []).append(100.0 - curve)
     return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
+
+
+@dataclass(frozen=True)
+class AuthorResults:
+    """The authors' numbers for the workload a replay ran: median curves per policy (empty when they have
+    none), the paper's figures at 100 % (the default list only), and a line saying where they came from."""
+
+    workload: str
+    curves: dict[str, np.ndarray]
+    paper_at_100: dict[str, float]
+    source: str
+
+
+def authors_for(pods: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None) -> AuthorResults:
+    """The authors' cached results for the pod list `pods` (its file name without .csv is their `workload`),
+    looked up in `folder` (default: the pod list's folder) and in its `variants/` subfolder."""
+    workload = Path(pods).stem
+    base = Path(folder) if folder else Path(pods).parent
+    tried = [base, base / "variants"]
+    paper = dict(PAPER_AT_100) if workload == DEFAULT_WORKLOAD else {}
+    for d in tried:
+        curves = author_curves(d, workload)
+        if curves:
+            return AuthorResults(workload, curves, paper,
+                                 f"{d / 'fgd-expected-results' / 'analysis_allo_discrete.csv'} ({workload})")
+    where = " or ".join(str(d / "fgd-expected-results") for d in tried)
+    return AuthorResults(workload, {}, paper, f"none: the authors have no cached results for {workload} in {where}")
 
 
 def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLICIES,
