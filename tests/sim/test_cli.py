@@ -166,3 +166,17 @@ def test_bad_pod_lists_are_one_line_naming_file_line_and_column(tmp_path: Path, 
     assert r.returncode == 2
     assert f"{p}: {where}" in " ".join(r.stderr.split())
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2 and not out.exists()
+
+
+def test_static_runs_the_authors_descheduler(tmp_path: Path):
+    n, p = write_trace(tmp_path, NODES, PODS)
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "d"), "--seeds",
+                  "1", "--policies", "fgd", "--defrag", "none,deschedule", "--deschedule-ratio", "0.2",
+                  "--deschedule-policy", "fragMultiPod", "--workers", "1", "--no-bound", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {row["policy"] for row in json.loads(r.stdout)["summary"]} == {"fgd", "fgd+deschedule"}
+    assert "fragMultiPod, ratio 0.2, one pass" in (tmp_path / "d" / "report.md").read_text()
+    for bad in (["--deschedule-policy", "binPacking"], ["--deschedule-ratio", "2"]):
+        r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "x"),
+                      "--defrag", "deschedule", *bad)
+        assert r.returncode == 2 and bad[0] in r.stderr and not (tmp_path / "x").exists()

@@ -95,8 +95,15 @@ def static(
     policies: str = typer.Option(",".join(FGD_STUDY_POLICIES), "--policies", help="Comma-separated policies"),
     seeds: str = typer.Option("42-51", "--seeds", help="Seeds: 42-51 or 42,43"),
     tune: float = typer.Option(1.3, "--tune", help="Resample the pods to this multiple of GPU capacity"),
-    defrag: str = typer.Option("none", "--defrag", help="Comma-separated: none, migrate, evict, repack"),
+    defrag: str = typer.Option("none", "--defrag", help="Comma-separated: none, migrate, evict, repack, "
+                               "deschedule (the FGD authors' descheduler)"),
     max_moves: int = typer.Option(8, "--max-moves", help="Moves per rescued pod at most"),
+    deschedule_ratio: float = typer.Option(0.05, "--deschedule-ratio", help="deschedule: evict at most this "
+                                           "ratio of the pods on the cluster (one pass, at the first failure)"),
+    deschedule_policy: str = typer.Option("fragOnePod", "--deschedule-policy",
+                                          help="deschedule: fragOnePod, fragMultiPod or cosSim"),
+    deschedule_repeat: bool = typer.Option(False, "--deschedule-repeat", help="deschedule: a pass at every "
+                                           "failure while the budget lasts (the authors run one pass)"),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
     authors: Path = typer.Option(None, "--authors", help="Folder holding fgd-expected-results/ (default: the "
                                  "pod list's folder, when present)"),
@@ -112,7 +119,12 @@ def static(
     from ..sim.trace import Trace, load_pods, load_trace
 
     pols = _split(policies, list(POLICIES), "--policies")
-    acts = _split(defrag, ("none", "migrate", "evict", "repack"), "--defrag")
+    from ..sim.deschedule import DESCHEDULE_POLICIES
+
+    acts = _split(defrag, ("none", "migrate", "evict", "repack", "deschedule"), "--defrag")
+    _split(deschedule_policy, DESCHEDULE_POLICIES, "--deschedule-policy")
+    if not 0 <= deschedule_ratio <= 1:
+        raise InputError("--deschedule-ratio", "", f"must be in 0..1, got {deschedule_ratio}")
     seed_list = parse_seeds(seeds)
     if not tune > 0:
         raise InputError("--tune", "", f"must be > 0, got {tune}")
@@ -130,7 +142,8 @@ def static(
     else:
         trace = load_trace(nodes, pods)
         cl = trace.cluster()
-    runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""))
+    runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""),
+                       deschedule_ratio, deschedule_policy, deschedule_repeat)
     with _progress() as prog:
         task = prog.add_task("replays", total=len(runs))
         results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
@@ -145,6 +158,9 @@ def static(
           AuthorResults(pods.stem, {}, {}, "none: a snapshot's cluster is not the authors'"))
     meta = {"nodes": str(nodes or snapshot), "pods": str(pods), "policies": ",".join(pols), "seeds": seed_list,
             "tune": tune, "defrag": ",".join(acts), "authors' results": au.source}
+    if "deschedule" in acts:
+        meta["deschedule"] = (f"{deschedule_policy}, ratio {deschedule_ratio}, "
+                              f"{'a pass at every failure' if deschedule_repeat else 'one pass'}")
     with staged_folder(out) as tmp:
         summary = write_static(tmp, results, au.curves, bounds, meta, au.paper_at_100)
     if json_out:

@@ -40,9 +40,12 @@ class StaticRun:
     policy: str
     seed: int
     tune: float = 1.3
-    defrag: str = "none"  # "none" | "migrate" | "evict" | "repack"
+    defrag: str = "none"  # "none" | "migrate" | "evict" | "repack" | "deschedule"
     max_moves: int = 8
     snapshot: str = ""  # a gpudefrag snapshot to take the cluster from instead of `nodes`
+    deschedule_ratio: float = 0.05  # the authors' descheduler: its budget, a ratio of the pods on the cluster
+    deschedule_policy: str = "fragOnePod"
+    deschedule_repeat: bool = False  # a pass at every failure while its budget lasts (the authors': one pass)
 
 
 @lru_cache(maxsize=4)
@@ -74,6 +77,11 @@ def run_one(run: StaticRun) -> ReplayResult:
             from .repack import ChainRepacker
 
             defrag = ChainRepacker(max_moves=run.max_moves)
+        elif run.defrag == "deschedule":
+            from .deschedule import Descheduler
+
+            defrag = Descheduler(ratio=run.deschedule_ratio, policy=run.deschedule_policy,
+                                 repeat=run.deschedule_repeat)
         else:
             from .defrag import make_defragmenter
 
@@ -165,6 +173,8 @@ def authors_for(pods: str | os.PathLike[str], folder: str | os.PathLike[str] | N
 
 def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLICIES,
                 seeds: Sequence[int] = DEFAULT_SEEDS, tune: float = 1.3, defrag: Sequence[str] = ("none",),
-                max_moves: int = 8, snapshot: str = "") -> list[StaticRun]:
-    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""))
+                max_moves: int = 8, snapshot: str = "", deschedule_ratio: float = 0.05,
+                deschedule_policy: str = "fragOnePod", deschedule_repeat: bool = False) -> list[StaticRun]:
+    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""), deschedule_ratio,
+                      deschedule_policy, deschedule_repeat)
             for d in defrag for p in policies for s in seeds]
