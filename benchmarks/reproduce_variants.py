@@ -121,6 +121,15 @@ def moves_for(res: Sequence[ReplayResult]) -> MovesRow:
         float(np.median([r.stats.moved_bytes for r in res])) / 2**30, float(np.median([r.seconds for r in res])))
 
 
+def deschedule_ratio(plain: Sequence[ReplayResult], moved: Sequence[ReplayResult]) -> float:
+    """The descheduler's ratio that gives it at least as many pods to evict as `moved` moved, on every seed:
+    its budget is a ratio of the pods on the cluster when it first runs, i.e. at FGD's first failure (the
+    replays are identical up to there), rounded up to 0.1 %."""
+    first = {r.seed: int(np.argmin(r.placed)) if not r.placed.all() else len(r.placed) for r in plain}
+    need = max(r.stats.moves / max(first[r.seed], 1) for r in moved)
+    return math.ceil(need * 1000) / 1000
+
+
 def compare_moves(trace: Path, name: str, seeds: Sequence[int], workers: int,
                   on_row: Callable[[MovesRow], None] | None = None) -> list[MovesRow]:
     """FGD, FGD + repack (≤ 16 moves per pod), FGD + the authors' descheduler with a budget ≥ what the repacker
@@ -137,13 +146,11 @@ def compare_moves(trace: Path, name: str, seeds: Sequence[int], workers: int,
         if on_row:
             on_row(row)
 
-    add(run_many(static_runs(nodes, pods, ["fgd"], seeds), workers))
+    plain = run_many(static_runs(nodes, pods, ["fgd"], seeds), workers)
+    add(plain)
     rep = run_many(static_runs(nodes, pods, ["fgd"], seeds, defrag=["repack"], max_moves=16), workers)
     add(rep)
-    # their budget is a ratio of the pods on the cluster when the descheduler runs; give it at least the
-    # repacker's moves (per seed, the most of any seed) so that it never has fewer pods to move
-    ratio = max(r.stats.moves / max(int(r.placed.sum()), 1) for r in rep)
-    ratio = math.ceil(ratio * 1000) / 1000
+    ratio = deschedule_ratio(plain, rep)
     for repeat in (False, True):
         add(run_many(static_runs(nodes, pods, ["fgd"], seeds, defrag=["deschedule"], deschedule_ratio=ratio,
                                  deschedule_repeat=repeat), workers),
