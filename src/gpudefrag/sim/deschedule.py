@@ -140,7 +140,7 @@ class Descheduler:
         if self.policy == "fragOnePod":
             out = []
             for n in np.lexsort((rank, -frag)):
-                if len(out) >= budget:
+                if len(out) >= budget or frag[n] < 1:  # F_n' ≥ 0: below one milli-GPU nothing can gain
                     break
                 v = self._frag_victim(cl, placed, int(n), float(frag[n]), set())
                 if v is not None:
@@ -153,6 +153,8 @@ class Descheduler:
         try:
             while heap and len(out) < budget:
                 f, r, n = heapq.heappop(heap)
+                if -f < 1:
+                    break
                 v = self._frag_victim(cl, placed, n, -f, gone)
                 if v is None:
                     continue
