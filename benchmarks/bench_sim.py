@@ -1,8 +1,11 @@
-"""Simulator benchmarks: FGD-study reproduction and speed, the lower bound, defrag in the replay, dynamic delays.
+"""Simulator benchmarks: FGD-study reproduction and speed, the lower bound, defrag in the replay, every variant
+of the study beside the authors', moves compared at equal moved pods, dynamic delays.
 
-`./scripts/bench.sh sim` (full: 6 policies × 10 seeds, minutes) or `./scripts/bench.sh --quick sim` (one seed).
-Needs the Alibaba trace ($GPUDEFRAG_TRACE_DIR or ../shared/traces/alibaba-gpu-v2023); without it the trace
-rows say so (never a silent pass). The full side-by-side table: `benchmarks/reproduce_fgd.py`.
+`./scripts/bench.sh sim` (full: 6 policies × 10 seeds on every list, the moves comparison on every list with
+seed 42; an hour or more on 2 cores) or `./scripts/bench.sh --quick sim` (two seeds on the default list, one on
+the variants, the moves comparison on the default list only). Needs the Alibaba trace ($GPUDEFRAG_TRACE_DIR or
+../shared/traces/alibaba-gpu-v2023); without it the trace rows say so (never a silent pass). The full
+side-by-side tables: `benchmarks/reproduce_fgd.py`, `benchmarks/reproduce_variants.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gpudefrag.sim.report import gap_closed
 from gpudefrag.sim.synthetic import WorkloadSpec, generate
 from gpudefrag.sim.trace import load_trace
 from reproduce_fgd import TOL_100, check, reproduce, trace_dir
+from reproduce_variants import VARIANTS, compare_moves, pod_list, repack_beats_deschedule, run_list
 
 AREA = "sim"
 
@@ -74,6 +78,51 @@ def _static(quick: bool) -> list[Row]:
     return rows
 
 
+def _variants(quick: bool) -> list[Row]:
+    """Every variant with the authors' cached results: ours beside theirs at 100 % arrived, per policy."""
+    trace = trace_dir()
+    if trace is None:
+        return [Row(AREA, "FGD study variants", float("nan"), "", note="SKIPPED: Alibaba trace absent")]
+    from gpudefrag.sim.experiments import authors_for
+
+    seeds = [42] if quick else list(range(42, 52))
+    workers = os.cpu_count() or 1
+    rows: list[Row] = []
+    for name in VARIANTS:
+        if not authors_for(pod_list(trace, name), trace).curves:
+            rows.append(Row(AREA, f"{name}: the authors' numbers", float("nan"), "",
+                            note="no cached results for this variant: nothing to compare with, not run"))
+            continue
+        lr = run_list(trace, name, seeds, workers)
+        for p, (ours, _d100, dmax, good) in lr.check().items():
+            rows.append(Row(AREA, f"{name} {p}: median unallocated @100 %", ours, "%",
+                            f"authors {lr.theirs[p][100]:.2f} ± {TOL_100[p]}", good if not quick else None,
+                            note=f"max |Δ| 75–130 = {dmax:.2f} ({len(seeds)} seeds)"))
+    return rows
+
+
+def _moves(quick: bool) -> list[Row]:
+    """FGD + repack against FGD + the authors' descheduler given at least as many pods to move."""
+    trace = trace_dir()
+    if trace is None:
+        return [Row(AREA, "moves at equal moved pods", float("nan"), "", note="SKIPPED: Alibaba trace absent")]
+    rows: list[Row] = []
+    for name in ["default"] if quick else ["default", *VARIANTS]:
+        got = compare_moves(trace, name, [42], os.cpu_count() or 1)
+        by = {r.config: r for r in got}
+        rep = by["fgd+repack"]
+        des = [r for r in got if r.config.startswith("fgd+deschedule")]
+        beats = repack_beats_deschedule(got).get(name, False)
+        rows.append(Row(
+            AREA, f"{name}: FGD+repack at equal moved pods, unallocated @100 %", rep.unallocated_100, "%",
+            "< every FGD+deschedule setting", beats,
+            baseline=f"FGD {by['fgd'].unallocated_100:.2f}, " + ", ".join(
+                f"{d.config.removeprefix('fgd+')} {d.unallocated_100:.2f} ({d.moved_pods:.0f} moved)" for d in des)
+            + f", FGD+migrate {by['fgd+migrate'].unallocated_100:.2f}",
+            note=f"repack moved {rep.moved_pods:.0f} pods ({rep.moved_gib:,.0f} GiB); seed 42"))
+    return rows
+
+
 def _dynamic(quick: bool) -> list[Row]:
     rows: list[Row] = []
     seeds = [1] if quick else [1, 2, 3]
@@ -103,4 +152,4 @@ def _dynamic(quick: bool) -> list[Row]:
 
 
 def run(quick: bool) -> list[Row]:
-    return _static(quick) + _dynamic(quick)
+    return _static(quick) + _variants(quick) + _moves(quick) + _dynamic(quick)

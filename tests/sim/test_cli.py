@@ -106,3 +106,77 @@ def test_a_snapshot_can_be_the_cluster(tmp_path: Path):
                   "--json")
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["summary"]) == 5
+
+
+def _expected_results(folder: Path, rows: dict[tuple[str, str], float]) -> None:
+    """An authors' results file: one seed per (workload, policy), a flat allocation curve."""
+    d = folder / "fgd-expected-results"
+    d.mkdir(parents=True)
+    cols = [str(k) for k in range(131)]
+    lines = [",".join(["workload", "sc_policy", "tune", "seed", "total_gpus", *cols])]
+    for (wl, pol), alloc in rows.items():
+        lines.append(",".join([wl, pol, "1.3", "42", "22", *[str(alloc)] * len(cols)]))
+    (d / "analysis_allo_discrete.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_static_compares_with_the_authors_numbers_for_the_workload_it_ran(tmp_path: Path):
+    n, _ = write_trace(tmp_path, NODES, PODS)
+    five = tmp_path / "variants" / "openb_pod_list_multigpu20.csv"
+    five.parent.mkdir()
+    five.write_text("\n".join(["name,cpu_milli,memory_mib,num_gpu,gpu_milli",
+                               *(",".join(r.split(",")[:5]) for r in PODS)]) + "\n")
+    _expected_results(tmp_path, {("openb_pod_list_default", "06-FGD"): 95.0})
+    _expected_results(five.parent, {("openb_pod_list_multigpu20", "06-FGD"): 90.0,
+                                    ("openb_pod_list_multigpu30", "06-FGD"): 80.0})
+    out = tmp_path / "r"
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(five), "--out", str(out), "--seeds", "1",
+                  "--policies", "fgd", "--workers", "1", "--no-bound", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    (row,) = doc["summary"]
+    assert row["authors_100"] == pytest.approx(10.0) and row["paper_100"] is None
+    assert "openb_pod_list_multigpu20" in doc["authors"]
+    # the same list given the parent folder finds variants/fgd-expected-results
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(five), "--out", str(tmp_path / "r2"),
+                  "--seeds", "1", "--policies", "fgd", "--workers", "1", "--no-bound", "--authors", str(tmp_path),
+                  "--json")
+    assert json.loads(r.stdout)["summary"][0]["authors_100"] == pytest.approx(10.0)
+    # a workload they have no results for says so, and compares with nothing
+    other = five.with_name("openb_pod_list_gpushare20.csv")
+    other.write_text(five.read_text())
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(other), "--out", str(tmp_path / "r3"),
+                  "--seeds", "1", "--policies", "fgd", "--workers", "1", "--no-bound")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "no cached results for openb_pod_list_gpushare20" in text
+    assert "authors' results: none" in (tmp_path / "r3" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(("header", "row", "where"), [
+    ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,queue", "p0,1,1,1,500,q", "line 1, column 45 (queue): unknown"),
+    ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec", "p0,1,1,1,500,H100", "line 2, column 14 (gpu_spec)"),
+    ("name,cpu_milli,memory_mib,num_gpu,gpu_milli", "p0,1,1,1,-5", "line 2, column 10 (gpu_milli)"),
+])
+def test_bad_pod_lists_are_one_line_naming_file_line_and_column(tmp_path: Path, header, row, where):
+    n, _ = write_trace(tmp_path, NODES, PODS)
+    p = tmp_path / "bad.csv"
+    p.write_text(f"{header}\n{row}\n")
+    out = tmp_path / "o"
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(out), "--seeds", "1")
+    assert r.returncode == 2
+    assert f"{p}: {where}" in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2 and not out.exists()
+
+
+def test_static_runs_the_authors_descheduler(tmp_path: Path):
+    n, p = write_trace(tmp_path, NODES, PODS)
+    r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "d"), "--seeds",
+                  "1", "--policies", "fgd", "--defrag", "none,deschedule", "--deschedule-ratio", "0.2",
+                  "--deschedule-policy", "fragMultiPod", "--workers", "1", "--no-bound", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {row["policy"] for row in json.loads(r.stdout)["summary"]} == {"fgd", "fgd+deschedule"}
+    assert "fragMultiPod, ratio 0.2, one pass" in (tmp_path / "d" / "report.md").read_text()
+    for bad in (["--deschedule-policy", "binPacking"], ["--deschedule-ratio", "2"]):
+        r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "x"),
+                      "--defrag", "deschedule", *bad)
+        assert r.returncode == 2 and bad[0] in r.stderr and not (tmp_path / "x").exists()

@@ -94,3 +94,82 @@ def test_the_alibaba_trace_loads(alibaba_trace: Path):
     assert len(t.nodes) == 1213 and sum(n.gpus for n in t.nodes) == 6212
     assert len(t.pods) == 8152
     assert sum(p.pod.gpu_total for p in t.pods) == pytest.approx(6_086_800, abs=1)
+
+
+FIVE = "name,cpu_milli,memory_mib,num_gpu,gpu_milli"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pods=pods_st, extra=st.lists(st.sampled_from(["gpu_spec", "qos", "pod_phase", "creation_time"]),
+                                    unique=True, max_size=4))
+def test_the_five_study_columns_suffice_and_optional_ones_may_be_any_subset(tmp_path: Path, pods, extra):
+    """The multigpu lists carry only the five columns: they load, with any subset of the optional columns."""
+    header = FIVE.split(",") + extra
+    lines = [",".join(header)]
+    for i, (cpu, k, milli, spec) in enumerate(pods):
+        m = 0 if k == 0 else (MILLI if k > 1 else milli)
+        vals = {"gpu_spec": spec, "qos": "LS", "pod_phase": "Running", "creation_time": str(i)}
+        lines.append(",".join([f"p{i}", str(cpu), "1024", str(k), str(m), *(vals[c] for c in extra)]))
+    p = tmp_path / "pods.csv"
+    p.write_text("\n".join(lines) + "\n")
+    loaded = load_pods(p)
+    for tp, (cpu, k, milli, spec) in zip(loaded, pods, strict=True):
+        assert tp.pod.num_gpu == k and tp.pod.cpu_milli == cpu and tp.pod.memory_mib == 1024
+        assert tp.pod.gpu_milli == (0 if k == 0 else (MILLI if k > 1 else milli))
+        assert tp.pod.gpu_models == (tuple(x for x in spec.split("|") if x) if "gpu_spec" in extra else ())
+        assert tp.creation_time == (float(tp.name[1:]) if "creation_time" in extra else None)
+
+
+KNOWN = set(FIVE.split(",")) | {"gpu_spec", "qos", "pod_phase", "pod_phrase", "creation_time", "deletion_time",
+                                 "scheduled_time"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.integers(0, 5), name=st.text(string.ascii_lowercase + "_ ", min_size=1, max_size=10),
+       dup=st.booleans())
+def test_an_unknown_or_repeated_column_names_line_1_and_its_column(tmp_path: Path, at, name, dup):
+    header = FIVE.split(",")
+    if dup:
+        name = header[at % 5]
+    elif name in KNOWN:
+        name += "_x"
+    header.insert(at, name)
+    p = tmp_path / "pods.csv"
+    p.write_text(",".join(header) + "\n" + pod_row(0, 1, 1, 500) + "\n")
+    with pytest.raises(InputError, match="duplicate column" if dup else "unknown column") as e:
+        load_pods(p)
+    first = header.index(name)
+    where = at if not dup else max(at, first if first != at else header.index(name, at + 1))
+    assert e.value.source == str(p)
+    assert e.value.where == f"line 1, column {sum(len(x) + 1 for x in header[:where]) + 1} ({name})"
+
+
+def test_a_gpu_spec_naming_a_model_no_node_has(tmp_path: Path):
+    n, p = write_trace(tmp_path, ["n0,1000,1000,1,T4", "n1,1000,1000,8,G2"],
+                       [pod_row(0, 1, 1, 500, "T4"), pod_row(1, 1, 1, 500, "G2|V100M32")])
+    with pytest.raises(InputError) as e:
+        load_trace(n, p)
+    col = len("p1,1,1024,1,500,") + 1
+    assert e.value.source == str(p) and e.value.where == f"line 3, column {col} (gpu_spec)"
+    assert "'V100M32'" in str(e.value)
+    assert len(load_pods(p)) == 2  # without a cluster to check against, the list itself is valid
+
+
+@pytest.mark.parametrize("milli", ["-1", "-500"])
+def test_a_negative_gpu_milli_names_line_and_column(tmp_path: Path, milli):
+    _, p = write_trace(tmp_path, ["n0,1000,1000,1,T4"], [pod_row(0, 1, 1, 500), f"p1,1,1024,1,{milli},,LS,R,1,2,1"])
+    with pytest.raises(InputError, match=rf"must be in 0\.\.1000, got {milli}") as e:
+        load_pods(p)
+    assert e.value.where == f"line 3, column {len('p1,1,1024,1,') + 1} (gpu_milli)"
+
+
+@pytest.mark.trace
+def test_every_variant_of_the_study_loads(alibaba_trace: Path):
+    nodes = alibaba_trace / "openb_node_list_gpu_node.csv"
+    lists = sorted((alibaba_trace / "variants").glob("openb_pod_list_*.csv"))
+    assert len(lists) == 11
+    for f in lists:
+        t = load_trace(nodes, f)
+        assert len(t.pods) >= 8152
+        if "gpuspec" in f.name:
+            assert any(p.pod.gpu_models for p in t.pods)

@@ -79,6 +79,12 @@ def _clean(x: object) -> object:
     return x
 
 
+def _num(x: object) -> str:
+    """Two decimals, or a dash where there is no number (NaN: e.g. no authors' value for this workload)."""
+    v = float(x)  # type: ignore[arg-type]
+    return "—" if v != v else f"{v:.2f}"
+
+
 @sim_app.command("static")
 def static(
     pods: Path = typer.Option(..., "--pods", help="Pod list CSV (e.g. openb_pod_list_default.csv)"),
@@ -89,10 +95,17 @@ def static(
     policies: str = typer.Option(",".join(FGD_STUDY_POLICIES), "--policies", help="Comma-separated policies"),
     seeds: str = typer.Option("42-51", "--seeds", help="Seeds: 42-51 or 42,43"),
     tune: float = typer.Option(1.3, "--tune", help="Resample the pods to this multiple of GPU capacity"),
-    defrag: str = typer.Option("none", "--defrag", help="Comma-separated: none, migrate, evict, repack"),
+    defrag: str = typer.Option("none", "--defrag", help="Comma-separated: none, migrate, evict, repack, "
+                               "deschedule (the FGD authors' descheduler)"),
     max_moves: int = typer.Option(8, "--max-moves", help="Moves per rescued pod at most"),
     gib_per_gpu: float = typer.Option(0.0, "--gib-per-gpu", help="repack's move price: a rescue may move at most "
                                       "this many GiB of checkpoints per GPU it places (0 = moves are free)"),
+    deschedule_ratio: float = typer.Option(0.05, "--deschedule-ratio", help="deschedule: evict at most this "
+                                           "ratio of the pods on the cluster (one pass, at the first failure)"),
+    deschedule_policy: str = typer.Option("fragOnePod", "--deschedule-policy",
+                                          help="deschedule: fragOnePod, fragMultiPod or cosSim"),
+    deschedule_repeat: bool = typer.Option(False, "--deschedule-repeat", help="deschedule: a pass at every "
+                                           "failure while the budget lasts (the authors run one pass)"),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
     authors: Path = typer.Option(None, "--authors", help="Folder holding fgd-expected-results/ (default: the "
                                  "pod list's folder, when present)"),
@@ -102,13 +115,18 @@ def static(
 ) -> None:
     """Replay the FGD study's method (shuffle, tune, place one by one, nothing leaves) for policies × seeds."""
     from ..sim.bound import arrived_prefix, lower_bound
-    from ..sim.experiments import author_curves, run_many, static_runs
+    from ..sim.experiments import AuthorResults, authors_for, run_many, static_runs
     from ..sim.replay import build_workload
     from ..sim.report import POINTS, staged_folder, write_static
-    from ..sim.trace import Trace, cluster_from_snapshot, load_pods, load_trace
+    from ..sim.trace import Trace, load_pods, load_trace
 
     pols = _split(policies, list(POLICIES), "--policies")
-    acts = _split(defrag, ("none", "migrate", "evict", "repack"), "--defrag")
+    from ..sim.deschedule import DESCHEDULE_POLICIES
+
+    acts = _split(defrag, ("none", "migrate", "evict", "repack", "deschedule"), "--defrag")
+    _split(deschedule_policy, DESCHEDULE_POLICIES, "--deschedule-policy")
+    if not 0 <= deschedule_ratio <= 1:
+        raise InputError("--deschedule-ratio", "", f"must be in 0..1, got {deschedule_ratio}")
     seed_list = parse_seeds(seeds)
     if not tune > 0:
         raise InputError("--tune", "", f"must be > 0, got {tune}")
@@ -117,15 +135,19 @@ def static(
     _check_out(out, force)
     # validate the inputs here, before any worker or folder exists
     if snapshot is not None:
-        trace = Trace((), load_pods(pods))
-        cl = cluster_from_snapshot(snapshot, trace.mix())
+        from ..core.placement import Cluster
+        from ..snapshot import load_snapshot
+
+        state = load_snapshot(snapshot)
+        trace = Trace((), load_pods(pods, {n.gpu_model for n in state.nodes if n.gpu_model}))
+        cl = Cluster.from_state(state, trace.mix())
     else:
         trace = load_trace(nodes, pods)
         cl = trace.cluster()
     if gib_per_gpu < 0:
         raise InputError("--gib-per-gpu", "", f"must be >= 0, got {gib_per_gpu}")
     runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""),
-                       gib_per_gpu)
+                       gib_per_gpu, deschedule_ratio, deschedule_policy, deschedule_repeat)
     with _progress() as prog:
         task = prog.add_task("replays", total=len(runs))
         results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
@@ -135,22 +157,28 @@ def static(
         for s in seed_list:
             wl = build_workload(all_pods, cl.capacity_milli, s, tune)
             bounds.append(lower_bound(arrived_prefix(wl, cl.capacity_milli, 100.0), int(cl.gpu_count.sum())))
-    # the authors' numbers only mean something on their cluster
-    au = author_curves(authors if authors else pods.parent) if snapshot is None else {}
+    # the authors' numbers only mean something on their cluster, for the workload that ran
+    au = (authors_for(pods, authors) if snapshot is None else
+          AuthorResults(pods.stem, {}, {}, "none: a snapshot's cluster is not the authors'"))
     meta = {"nodes": str(nodes or snapshot), "pods": str(pods), "policies": ",".join(pols), "seeds": seed_list,
-            "tune": tune, "defrag": ",".join(acts)}
+            "tune": tune, "defrag": ",".join(acts), "authors' results": au.source}
+    if "deschedule" in acts:
+        meta["deschedule"] = (f"{deschedule_policy}, ratio {deschedule_ratio}, "
+                              f"{'a pass at every failure' if deschedule_repeat else 'one pass'}")
     with staged_folder(out) as tmp:
-        summary = write_static(tmp, results, au, bounds, meta)
+        summary = write_static(tmp, results, au.curves, bounds, meta, au.paper_at_100)
     if json_out:
-        emit_json(_clean({"out": str(out), "summary": summary, "bounds": [b.as_dict() for b in bounds]}))
+        emit_json(_clean({"out": str(out), "summary": summary, "bounds": [b.as_dict() for b in bounds],
+                          "authors": au.source}))
         return
     t = Table("policy", *(f"{k} %" for k in POINTS), "authors @100", "max |Δ| 75–130", "moves/pod",
               title="Median unallocated GPU % by arrived workload")
     for row in summary:
         t.add_row(str(row["policy"]), *(f"{float(row[f'unalloc_{k}']):.2f}" for k in POINTS),  # type: ignore[arg-type]
-                  f"{float(row['authors_100']):.2f}", f"{float(row['max_abs_diff_75_130']):.2f}",  # type: ignore[arg-type]
+                  _num(row["authors_100"]), _num(row["max_abs_diff_75_130"]),
                   f"{float(row['moves_per_placed_pod']):.4f}")  # type: ignore[arg-type]
     console.print(t)
+    console.print(f"authors' results: {escape(au.source)}")
     if bounds:
         console.print(f"lower bound at 100 % arrived: {sum(b.unallocated_pct for b in bounds) / len(bounds):.2f} %")
     console.print(f"wrote {escape(str(out))}/report.md")

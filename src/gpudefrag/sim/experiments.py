@@ -28,6 +28,7 @@ AUTHOR_NAMES = {
 PAPER_AT_100 = {"random": 13.75, "dotproduct": 9.45, "gpuclustering": 8.42, "gpupacking": 8.20,
                 "bestfit": 7.09, "fgd": 4.77}
 DEFAULT_SEEDS = tuple(range(42, 52))
+DEFAULT_WORKLOAD = "openb_pod_list_default"
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,13 @@ class StaticRun:
     policy: str
     seed: int
     tune: float = 1.3
-    defrag: str = "none"  # "none" | "migrate" | "evict" | "repack"
+    defrag: str = "none"  # "none" | "migrate" | "evict" | "repack" | "deschedule"
     max_moves: int = 8
     snapshot: str = ""  # a gpudefrag snapshot to take the cluster from instead of `nodes`
     gib_per_gpu: float = 0.0  # repack's move price: GiB of checkpoints a rescue may move per GPU placed (0 = free)
+    deschedule_ratio: float = 0.05  # the authors' descheduler: its budget, a ratio of the pods on the cluster
+    deschedule_policy: str = "fragOnePod"
+    deschedule_repeat: bool = False  # a pass at every failure while its budget lasts (the authors': one pass)
 
 
 @lru_cache(maxsize=4)
@@ -74,6 +78,11 @@ def run_one(run: StaticRun) -> ReplayResult:
             from .repack import ChainRepacker
 
             defrag = ChainRepacker(max_moves=run.max_moves, gib_per_gpu=run.gib_per_gpu)
+        elif run.defrag == "deschedule":
+            from .deschedule import Descheduler
+
+            defrag = Descheduler(ratio=run.deschedule_ratio, policy=run.deschedule_policy,
+                                 repeat=run.deschedule_repeat)
         else:
             from .defrag import make_defragmenter
 
@@ -116,8 +125,9 @@ def median_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:
     return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
 
 
-def author_curves(trace_dir: str | os.PathLike[str], workload: str = "openb_pod_list_default") -> dict[str, np.ndarray]:
-    """The authors' median unallocated-GPU % curves, if their cached results sit beside the trace."""
+def author_curves(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WORKLOAD) -> dict[str, np.ndarray]:
+    """The authors' median unallocated-GPU % curves for `workload`, if their cached results sit in
+    `trace_dir/fgd-expected-results/` (empty when the file or the workload's rows are absent)."""
     path = Path(trace_dir) / "fgd-expected-results" / "analysis_allo_discrete.csv"
     if not path.is_file():
         return {}
@@ -135,8 +145,37 @@ def author_curves(trace_dir: str | os.PathLike[str], workload: str = "openb_pod_
     return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
 
 
+@dataclass(frozen=True)
+class AuthorResults:
+    """The authors' numbers for the workload a replay ran: median curves per policy (empty when they have
+    none), the paper's figures at 100 % (the default list only), and a line saying where they came from."""
+
+    workload: str
+    curves: dict[str, np.ndarray]
+    paper_at_100: dict[str, float]
+    source: str
+
+
+def authors_for(pods: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None) -> AuthorResults:
+    """The authors' cached results for the pod list `pods` (its file name without .csv is their `workload`),
+    looked up in `folder` (default: the pod list's folder) and in its `variants/` subfolder."""
+    workload = Path(pods).stem
+    base = Path(folder) if folder else Path(pods).parent
+    tried = [base, base / "variants"]
+    paper = dict(PAPER_AT_100) if workload == DEFAULT_WORKLOAD else {}
+    for d in tried:
+        curves = author_curves(d, workload)
+        if curves:
+            return AuthorResults(workload, curves, paper,
+                                 f"{d / 'fgd-expected-results' / 'analysis_allo_discrete.csv'} ({workload})")
+    where = " or ".join(str(d / "fgd-expected-results") for d in tried)
+    return AuthorResults(workload, {}, paper, f"none: the authors have no cached results for {workload} in {where}")
+
+
 def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLICIES,
                 seeds: Sequence[int] = DEFAULT_SEEDS, tune: float = 1.3, defrag: Sequence[str] = ("none",),
-                max_moves: int = 8, snapshot: str = "", gib_per_gpu: float = 0.0) -> list[StaticRun]:
-    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""), gib_per_gpu)
+                max_moves: int = 8, snapshot: str = "", gib_per_gpu: float = 0.0, deschedule_ratio: float = 0.05,
+                deschedule_policy: str = "fragOnePod", deschedule_repeat: bool = False) -> list[StaticRun]:
+    return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""), gib_per_gpu,
+                      deschedule_ratio, deschedule_policy, deschedule_repeat)
             for d in defrag for p in policies for s in seeds]

@@ -19,7 +19,6 @@ import numpy as np
 
 from .bound import BoundResult
 from .dynamic import DynamicResult
-from .experiments import PAPER_AT_100
 from .replay import CURVE_MAX, ReplayResult
 
 POINTS = (75, 80, 90, 95, 100, 110, 120, 130)
@@ -62,8 +61,9 @@ def _fmt(x: float) -> str:
 
 # ---------------------------------------------------------------------------------------------- static
 def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.ndarray],
-                   bounds: Sequence[BoundResult]) -> list[dict[str, object]]:
-    """One row per policy: median unallocated % at the study's points, authors' value at 100, moves."""
+                   bounds: Sequence[BoundResult], paper: Mapping[str, float] | None = None) -> list[dict[str, object]]:
+    """One row per policy: median unallocated % at the study's points, the authors' value at 100 for the
+    workload that ran (`authors`, `paper`: empty when they published none for it), moves."""
     rows = []
     by: dict[str, list[ReplayResult]] = {}
     for r in results:
@@ -79,7 +79,7 @@ def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.nda
         for k in POINTS:
             row[f"unalloc_{k}"] = float(med[k])
         row["authors_100"] = float(a[100]) if a is not None else float("nan")
-        row["paper_100"] = PAPER_AT_100.get(pol, float("nan"))
+        row["paper_100"] = (paper or {}).get(pol, float("nan"))
         if a is not None:
             row["max_abs_diff_75_130"] = float(np.nanmax(np.abs(med[75:131] - a[75:131])))
         else:
@@ -101,7 +101,8 @@ def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.nda
 
 
 def write_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping[str, np.ndarray],
-                 bounds: Sequence[BoundResult], meta: Mapping[str, object]) -> list[dict[str, object]]:
+                 bounds: Sequence[BoundResult], meta: Mapping[str, object],
+                 paper: Mapping[str, float] | None = None) -> list[dict[str, object]]:
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / "curves.csv").open("w", newline="") as f:
         w = csv.writer(f)
@@ -125,7 +126,7 @@ def write_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping
             w.writerow(["seed", *keys])
             for seed, b in zip(meta.get("seeds", []), bounds, strict=False):  # type: ignore[call-overload]
                 w.writerow([seed, *b.as_dict().values()])
-    summary = static_summary(results, authors, bounds)
+    summary = static_summary(results, authors, bounds, paper)
     with (folder / "summary.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(summary[0]))
         w.writeheader()

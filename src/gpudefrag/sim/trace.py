@@ -11,7 +11,7 @@ import io
 import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +22,10 @@ from ..errors import InputError
 from ..fileio import decode_text, read_input
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+# the five columns every pod list of the study has (the multigpu variants carry only these), and the others a
+# list may add; a column outside both is an unknown layout (an error rather than a silently ignored field)
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+POD_OPTIONAL = ("gpu_spec", "qos", "pod_phase", "pod_phrase", "creation_time", "deletion_time", "scheduled_time")
 MAX_GPUS_PER_NODE = 64
 _INT = re.compile(r"-?[0-9]+")
 _NUM = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
@@ -82,7 +85,7 @@ def fgd_mix(pods: Sequence[Pod]) -> WorkloadMix:
 class _Rows:
     """CSV rows with their line numbers and the column where each field starts."""
 
-    def __init__(self, path: Path, required: Sequence[str]) -> None:
+    def __init__(self, path: Path, required: Sequence[str], optional: Sequence[str] | None = None) -> None:
         self.path = path
         self.source = str(path)
         self.text = decode_text(read_input(path, "trace"), self.source)  # regular file, size limit, UTF-8
@@ -90,6 +93,15 @@ class _Rows:
         if not lines:
             raise InputError(self.source, "line 1", "empty file: expected a header row")
         self.header = next(csv.reader([lines[0]]))
+        pos = 1
+        for i, c in enumerate(self.header):
+            known = optional is None or c in required or c in optional
+            if not known or c in self.header[:i]:
+                what = "duplicate column" if known else "unknown column"
+                expected = ", ".join((*required, *(optional or ())))
+                raise InputError(self.source, f"line 1, column {pos} ({c})",
+                                 f"{what} {c!r}; known columns: {expected}")
+            pos += len(c) + 1
         missing = [c for c in required if c not in self.header]
         if missing:
             raise InputError(self.source, "line 1", f"missing column(s): {', '.join(missing)}")
@@ -114,7 +126,10 @@ class _Rows:
             yield lineno, fields, cols
 
     def get(self, lineno: int, fields: list[str], cols: list[int], name: str) -> tuple[str, str]:
-        i = self.index[name]
+        """The raw field and where it is; an optional column that the file lacks reads as empty."""
+        i = self.index.get(name)
+        if i is None:
+            return "", f"line {lineno}"
         return fields[i], f"line {lineno}, column {cols[i]} ({name})"
 
     def integer(self, lineno: int, fields: list[str], cols: list[int], name: str, lo: int, hi: int) -> int:
@@ -161,8 +176,11 @@ def load_nodes(path: str | os.PathLike[str]) -> tuple[TraceNode, ...]:
     return tuple(out)
 
 
-def load_pods(path: str | os.PathLike[str]) -> tuple[TracePod, ...]:
-    rows = _Rows(Path(path), POD_COLUMNS)
+def load_pods(path: str | os.PathLike[str], models: Collection[str] | None = None) -> tuple[TracePod, ...]:
+    """The pods of a list with the five study columns at least (gpu_spec, qos, phase and times optional).
+    With `models` (the GPU models the cluster has), a `gpu_spec` naming a model outside it is an error: such a
+    pod could never be placed, and the list was most likely meant for another cluster."""
+    rows = _Rows(Path(path), POD_COLUMNS, POD_OPTIONAL)
     out: list[TracePod] = []
     interned: dict[Pod, Pod] = {}
     for lineno, f, c in rows:
@@ -180,9 +198,14 @@ def load_pods(path: str | os.PathLike[str]) -> tuple[TracePod, ...]:
             raise InputError(rows.source, mwhere, "a pod with GPUs must ask for more than 0 milli-GPU")
         if k > 1 and milli != MILLI:
             raise InputError(rows.source, mwhere, f"a share below {MILLI} is only valid with one GPU")
-        spec, _ = rows.get(lineno, f, c, "gpu_spec")
-        models = tuple(m for m in spec.split("|") if m)
-        pod = Pod(k, milli if k else 0, cpu, mem, models)
+        spec, swhere = rows.get(lineno, f, c, "gpu_spec")
+        allowed = tuple(m for m in spec.split("|") if m)
+        if models is not None:
+            unknown = [m for m in allowed if m not in models]
+            if unknown:
+                raise InputError(rows.source, swhere, f"GPU model {unknown[0]!r} is on no node of the cluster "
+                                 f"(models: {', '.join(sorted(models)) or 'none'})")
+        pod = Pod(k, milli if k else 0, cpu, mem, allowed)
         pod = interned.setdefault(pod, pod)
         created = rows.time(lineno, f, c, "creation_time")
         deleted = rows.time(lineno, f, c, "deletion_time")
@@ -196,4 +219,5 @@ def load_pods(path: str | os.PathLike[str]) -> tuple[TracePod, ...]:
 
 
 def load_trace(nodes: str | os.PathLike[str], pods: str | os.PathLike[str]) -> Trace:
-    return Trace(load_nodes(nodes), load_pods(pods))
+    ns = load_nodes(nodes)
+    return Trace(ns, load_pods(pods, {n.model for n in ns if n.model}))

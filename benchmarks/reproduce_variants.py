@@ -1,0 +1,268 @@
+"""Every variant of the FGD study (Weng et al., ATC '23): our six policies beside the authors' cached results.
+
+    .venv/bin/python benchmarks/reproduce_variants.py [--trace DIR] [--seeds 42-51] [--workers 2]
+        [--lists multigpu20,gpuspec10] [--out DIR] [--moves] [--moves-seeds 42] [--moves-lists default,...]
+
+The study ran its six policies on the default pod list and on variants that change the share of multi-GPU
+demand (multigpu20–40), of GPU-sharing pods (gpushare20–80) and of pods bound to GPU models (gpuspec05–25), all on
+the same 1,213-node cluster; their cached results (`variants/fgd-expected-results/`) cover every variant but
+gpushare20 and gpuspec05. Per list and policy: the median unallocated GPU % over seeds at 100 % arrived, the
+authors' median, and the largest difference over the 75–130 % curve; acceptance ±0.5 pp at 100 % (Random ±1.0).
+
+`--moves` adds the comparison at equal moved pods: FGD, FGD + the authors' descheduler (`deschedule`, given a
+budget of at least as many pods as the repacker moved), FGD + migrate and FGD + repack, unallocated at 100 %.
+`--out DIR` keeps every run's numbers (`variants.csv`, `moves.csv`) as they finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from gpudefrag.core.placement import FGD_STUDY_POLICIES
+from gpudefrag.sim.experiments import StaticRun, authors_for, median_curves, run_many, static_runs
+from gpudefrag.sim.replay import ReplayResult
+from reproduce_fgd import TOL_100, trace_dir
+
+VARIANTS = ("multigpu20", "multigpu30", "multigpu40", "gpushare20", "gpushare40", "gpushare60", "gpushare80",
+            "gpuspec05", "gpuspec10", "gpuspec20", "gpuspec25")
+NODES = "openb_node_list_gpu_node.csv"
+
+
+def pod_list(trace: Path, name: str) -> Path:
+    """`default` or a variant's short name → its pod list."""
+    if name == "default":
+        return trace / "openb_pod_list_default.csv"
+    return trace / "variants" / f"openb_pod_list_{name}.csv"
+
+
+@dataclass
+class ListResult:
+    """One pod list: our median curves, the authors', the per-policy check, and where their numbers came from."""
+
+    name: str
+    ours: dict[str, np.ndarray]
+    theirs: dict[str, np.ndarray]
+    source: str
+    seeds: int
+    results: list[ReplayResult] = field(default_factory=list)
+
+    def check(self) -> dict[str, tuple[float, float, float, bool]]:
+        """Per policy with the authors' numbers: (ours @100, |Δ| @100, max |Δ| 75–130, within tolerance @100)."""
+        out = {}
+        for p, m in self.ours.items():
+            a = self.theirs.get(p)
+            if a is None:
+                continue
+            d100 = abs(float(m[100] - a[100]))
+            dmax = float(np.nanmax(np.abs(m[75:131] - a[75:131])))
+            out[p] = (float(m[100]), d100, dmax, d100 <= TOL_100.get(p, 0.5))
+        return out
+
+
+def run_list(trace: Path, name: str, seeds: Sequence[int], workers: int,
+             on_done: Callable[[StaticRun, ReplayResult], None] | None = None) -> ListResult:
+    pods = pod_list(trace, name)
+    au = authors_for(pods, trace)
+    results = run_many(static_runs(str(trace / NODES), str(pods), FGD_STUDY_POLICIES, seeds), workers, on_done)
+    return ListResult(name, median_curves(results), au.curves, au.source, len(seeds), results)
+
+
+def variants_table(lists: Sequence[ListResult]) -> Table:
+    t = Table(title="Unallocated GPU % at 100 % arrived, median over seeds: ours beside the authors' "
+                    "(tolerance ±0.5 pp, Random ±1.0)")
+    for col in ("list", "policy", "ours @100", "authors @100", "|Δ| @100", "max |Δ| 75–130", "ok"):
+        t.add_column(col, justify="left" if col in ("list", "policy", "ok") else "right")
+    for lr in lists:
+        chk = lr.check()
+        if not chk:
+            t.add_row(lr.name, "—", "", "", "", "", f"no cached results ({lr.seeds} seeds run)", end_section=True)
+            continue
+        for i, p in enumerate(FGD_STUDY_POLICIES):
+            if p not in chk:
+                continue
+            ours, d100, dmax, ok = chk[p]
+            t.add_row(lr.name if i == 0 else "", p, f"{ours:.2f}", f"{lr.theirs[p][100]:.2f}", f"{d100:.2f}",
+                      f"{dmax:.2f}", "[green]ok[/]" if ok else "[red]MISS[/]",
+                      end_section=i == len(FGD_STUDY_POLICIES) - 1)
+    return t
+
+
+# ---------------------------------------------------------------------------------------------- moves
+
+
+@dataclass
+class MovesRow:
+    name: str
+    config: str
+    unallocated_100: float
+    moved_pods: float  # median per run: pods whose place changed (moves), plus evicted pods that found none
+    lost: float
+    moved_gib: float
+    seconds: float
+
+
+def moves_for(res: Sequence[ReplayResult]) -> MovesRow:
+    return MovesRow(
+        "", res[0].policy, float(np.median([r.unallocated_at(100) for r in res])),
+        float(np.median([r.stats.moves + r.stats.evicted_lost for r in res])),
+        float(np.median([r.stats.evicted_lost for r in res])),
+        float(np.median([r.stats.moved_bytes for r in res])) / 2**30, float(np.median([r.seconds for r in res])))
+
+
+def deschedule_ratio(plain: Sequence[ReplayResult], moved: Sequence[ReplayResult]) -> float:
+    """The descheduler's ratio that gives it at least as many pods to evict as `moved` moved, on every seed:
+    its budget is a ratio of the pods on the cluster when it first runs, i.e. at FGD's first failure (the
+    replays are identical up to there), rounded up to 0.1 %."""
+    first = {r.seed: int(np.argmin(r.placed)) if not r.placed.all() else len(r.placed) for r in plain}
+    need = max(r.stats.moves / max(first[r.seed], 1) for r in moved)
+    return math.ceil(need * 1000) / 1000
+
+
+def compare_moves(trace: Path, name: str, seeds: Sequence[int], workers: int,
+                  on_row: Callable[[MovesRow], None] | None = None) -> list[MovesRow]:
+    """FGD, FGD + repack (≤ 16 moves per pod), FGD + the authors' descheduler with a budget ≥ what the repacker
+    moved (the ratio is rounded up to 0.1 %; their single pass at the first failure, and a pass at every
+    failure), FGD + migrate; unallocated at 100 % arrived."""
+    nodes, pods = str(trace / NODES), str(pod_list(trace, name))
+    rows: list[MovesRow] = []
+
+    def add(res: list[ReplayResult], label: str = "") -> None:
+        row = moves_for(res)
+        row.name = name
+        row.config = label or row.config
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
+    plain = run_many(static_runs(nodes, pods, ["fgd"], seeds), workers)
+    add(plain)
+    rep = run_many(static_runs(nodes, pods, ["fgd"], seeds, defrag=["repack"], max_moves=16), workers)
+    add(rep)
+    ratio = deschedule_ratio(plain, rep)
+    for repeat in (False, True):
+        add(run_many(static_runs(nodes, pods, ["fgd"], seeds, defrag=["deschedule"], deschedule_ratio=ratio,
+                                 deschedule_repeat=repeat), workers),
+            f"fgd+deschedule (fragOnePod, ratio {ratio:.3f}, {'every failure' if repeat else 'one pass'})")
+    add(run_many(static_runs(nodes, pods, ["fgd"], seeds, defrag=["migrate"]), workers))
+    return rows
+
+
+def moves_table(rows: Sequence[MovesRow]) -> Table:
+    t = Table(title="At equal moved pods: unallocated GPU % at 100 % arrived (median over seeds)")
+    for col in ("list", "configuration", "unallocated @100", "moved pods", "of them lost", "GiB moved", "s/run"):
+        t.add_column(col, justify="left" if col in ("list", "configuration") else "right")
+    last = ""
+    for r in rows:
+        t.add_row(r.name if r.name != last else "", r.config, f"{r.unallocated_100:.2f}", f"{r.moved_pods:.0f}",
+                  f"{r.lost:.0f}", f"{r.moved_gib:,.0f}", f"{r.seconds:.0f}")
+        last = r.name
+    return t
+
+
+def repack_beats_deschedule(rows: Sequence[MovesRow]) -> dict[str, bool]:
+    """Per list: FGD + repack leaves less unallocated than every FGD + deschedule setting (which had a budget
+    of at least as many pods)."""
+    by: dict[str, list[MovesRow]] = {}
+    for r in rows:
+        by.setdefault(r.name, []).append(r)
+    out = {}
+    for n, rs in by.items():
+        rep = [r for r in rs if r.config == "fgd+repack"]
+        des = [r for r in rs if r.config.startswith("fgd+deschedule")]
+        if rep and des:
+            out[n] = all(rep[0].unallocated_100 < d.unallocated_100 for d in des)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _seeds(text: str) -> list[int]:
+    a, _, b = text.partition("-")
+    return list(range(int(a), int(b) + 1)) if b else [int(x) for x in text.split(",")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace")
+    ap.add_argument("--seeds", default="42-51")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--lists", default=",".join(VARIANTS), help="variants (short names) to run; 'none' for none")
+    ap.add_argument("--out", help="folder for variants.csv / moves.csv, written as runs finish")
+    ap.add_argument("--moves", action="store_true", help="also compare FGD + deschedule / migrate / repack")
+    ap.add_argument("--moves-seeds", default="42")
+    ap.add_argument("--moves-lists", default="default," + ",".join(VARIANTS))
+    args = ap.parse_args()
+    console = Console(width=150)
+    trace = trace_dir(args.trace)
+    if trace is None:
+        console.print("[bold red]ALIBABA TRACE ABSENT[/]: pass --trace or set GPUDEFRAG_TRACE_DIR")
+        return 2
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    names = [] if args.lists == "none" else args.lists.split(",")
+    seeds = _seeds(args.seeds)
+    lists: list[ListResult] = []
+    ok = True
+    for name in names:
+        t0 = time.perf_counter()
+        if authors_for(pod_list(trace, name), trace).curves:
+            lr = run_list(trace, name, seeds, args.workers)
+        else:  # nothing to compare with: say so rather than spend the CPU
+            lr = ListResult(name, {}, {}, "none", 0)
+        lists.append(lr)
+        ok &= all(v[3] for v in lr.check().values())
+        console.print(f"{name}: {len(lr.results)} runs in {time.perf_counter() - t0:.0f} s")
+        if out:
+            _append(out / "variants.csv", ["list", "policy", "seed", "unallocated_100", "seconds"],
+                    [[name, r.policy, r.seed, f"{r.unallocated_at(100):.4f}", f"{r.seconds:.1f}"]
+                     for r in lr.results])
+            _append(out / "variants_summary.csv", ["list", "policy", "seeds", "ours_100", "authors_100",
+                                                   "abs_diff_100", "max_abs_diff_75_130", "ok"],
+                    [[name, p, lr.seeds, f"{v[0]:.2f}", f"{lr.theirs[p][100]:.2f}", f"{v[1]:.2f}", f"{v[2]:.2f}",
+                      v[3]] for p, v in lr.check().items()])
+    if lists:
+        console.print(variants_table(lists))
+    if args.moves:
+        rows: list[MovesRow] = []
+
+        def done(r: MovesRow) -> None:
+            console.print(f"{r.name} {r.config}: {r.unallocated_100:.2f} % ({r.moved_pods:.0f} moved, "
+                          f"{r.seconds:.0f} s/run)")
+            if out:
+                _append(out / "moves.csv", ["list", "config", "unallocated_100", "moved_pods", "lost", "moved_gib",
+                                            "seconds"],
+                        [[r.name, r.config, f"{r.unallocated_100:.4f}", r.moved_pods, r.lost, f"{r.moved_gib:.1f}",
+                          f"{r.seconds:.1f}"]])
+
+        for name in args.moves_lists.split(","):
+            rows += compare_moves(trace, name, _seeds(args.moves_seeds), args.workers, on_row=done)
+        console.print(moves_table(rows))
+        for n, good in repack_beats_deschedule(rows).items():
+            console.print(f"{n}: FGD + repack {'beats' if good else 'does NOT beat'} FGD + deschedule")
+            ok &= good
+    return 0 if ok else 1
+
+
+def _append(path: Path, header: list[str], rows: list[list[object]]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(header)
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
