@@ -118,8 +118,8 @@ class Problem:
         reason: str | None = None
         if self.multi[wi]:
             reason = "multi-node workload (never moved)"
-        elif not getattr(w, "movable", True):  # the snapshot's per-workload flag (Workload.movable, when present)
-            reason = "marked not movable" + (f" ({w.movable_reason})" if getattr(w, "movable_reason", "") else "")
+        elif not w.can_move:  # the snapshot's `movable` flag or the gpudefrag.io/movable label
+            reason = "marked not movable" + (f" ({w.movable_reason})" if w.movable_reason else "")
         elif w.labels.get(RESERVATION_LABEL) == "true":
             reason = "room reserved for an earlier pending request"
         elif self.opts.movable is not None and not self.opts.movable(w):
