@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from gpudefrag.sim.dynamic import DynamicConfig, simulate
+from gpudefrag.core.decision import decide
+from gpudefrag.core.model import ClusterState, Node, Placement, Request, WorkloadState
+from gpudefrag.core.model import Workload as ModelWorkload
+from gpudefrag.core.placement import Choice, Cluster, Pod
+from gpudefrag.core.planner import PlanOptions
+from gpudefrag.sim.costs import checkpoint_bytes
+from gpudefrag.sim.dynamic import Decider, DynamicConfig, simulate
+from gpudefrag.sim.replay import Placed
 from gpudefrag.sim.report import gap_closed
-from gpudefrag.sim.synthetic import WorkloadSpec, generate
+from gpudefrag.sim.synthetic import Job, Workload, WorkloadSpec, generate
 
 SPEC = WorkloadSpec(nodes=4, jobs=300, load=0.95, seed=3, duration_median_s=600)
 
@@ -39,3 +47,91 @@ def test_gap_closed_is_computed_from_the_three_configs():
                                     DynamicConfig(pooled=True))]
     g = gap_closed(rs)
     assert g is None or g <= 1.5
+
+
+# ---------------------------------------------------------------------------------------------- the one decision
+GIB_MIB = 1024
+
+
+def _scenario(a_mib: int = 64 * GIB_MIB, d_mib: int = 1024) -> tuple[Workload, Cluster]:
+    """Two nodes of two GPUs, first fit: A (large checkpoint) and a short job fill node a, D takes b/0; when the
+    short job ends, the 2-GPU job C fits on neither node until one of A or D moves."""
+    spec = WorkloadSpec(nodes=2, gpus_per_node=2, jobs=4)
+    jobs = (Job(0, Pod(1, 1000, 8000, a_mib), 0.0, 10_000.0),  # A
+            Job(1, Pod(1, 1000, 8000, 1024), 0.0, 100.0),  # leaves at 100
+            Job(2, Pod(1, 1000, 8000, d_mib), 1.0, 10_000.0),  # D
+            Job(3, Pod(2, 1000, 16000, 2048), 200.0, 1_000.0))  # C
+    return Workload(spec, jobs), Cluster.build(["a", "b"], [2, 2], ["G2", "G2"], [64_000, 64_000], [0, 0])
+
+
+def _options(cfg: DynamicConfig) -> PlanOptions:
+    return PlanOptions(max_moves=cfg.max_moves, solver="heuristic",
+                       movable=lambda w: w.request.gpus_per_node <= cfg.movable_max_gpus)
+
+
+def _running(wid: str, pod: Pod, node: str, gpus: tuple[int, ...], started: float) -> ModelWorkload:
+    return ModelWorkload(wid, Request(pod.num_gpu, 1, pod.gpu_milli, pod.cpu_milli, pod.memory_mib),
+                         placements=(Placement(node, gpus),), started_at=started,
+                         checkpoint_bytes=int(checkpoint_bytes(pod, "G2")))
+
+
+def test_migrate_applies_exactly_the_plan_of_the_one_decision():
+    wl, cl = _scenario()
+    cfg = DynamicConfig(policy="firstfit", defrag="migrate", trigger_s=60, check_every_s=60)
+    r = simulate(wl, cfg, cl)
+    # the state at the first check after C waited 60 s (t = 300), written by hand: A on a/0, D on b/0
+    a, d, c = wl.jobs[0].pod, wl.jobs[2].pod, wl.jobs[3].pod
+    state = ClusterState.build(
+        [Node("a", 2, "G2", cpu_milli=64_000), Node("b", 2, "G2", cpu_milli=64_000)],
+        [_running("pod-0", a, "a", (0,), 0.0), _running("pod-2", d, "b", (0,), 1.0),
+         ModelWorkload("job-3", Request(2, 1, 1000, c.cpu_milli, c.memory_mib), WorkloadState.PENDING,
+                       submitted_at=200.0)], now=300.0)
+    dec = decide(state, state.workload("job-3"), _options(cfg))
+    assert dec.chosen == "move" and dec.feasible
+    assert r.move_log == [(300.0, m.workload_id, m.source, m.target, m.target_gpus) for m in dec.plan.moves]
+    assert [m.workload_id for m in dec.plan.moves] == ["pod-2"]  # D: the smaller checkpoint, not A
+    assert r.moves == 1 and r.start[3] == 300.0 and r.waited[3] == 100.0
+    # D stopped for exactly the move's downtime as the plan priced it
+    assert r.end[2] == pytest.approx(1.0 + 10_000.0 + dec.plan.moves[0].cost.downtime_s)
+
+
+def test_migrate_does_nothing_when_the_decision_prefers_eviction():
+    wl, cl = _scenario(a_mib=200 * GIB_MIB, d_mib=200 * GIB_MIB)
+    cfg = DynamicConfig(policy="firstfit", defrag="migrate", trigger_s=60, check_every_s=60)
+    sim_cl = cl.copy()
+    placed = Placed.for_cluster(sim_cl)
+    # A on a/0, D on b/0, both with a 232 GiB checkpoint, both started at 250 s; C pending: at 300 s evicting
+    # either (50 s of work + a 300 s cold start) is cheaper than moving it (~460 s of downtime)
+    for j, ch in ((wl.jobs[0], Choice(0, (0,))), (wl.jobs[2], Choice(1, (0,)))):
+        sim_cl.place(j.pod, ch)
+        placed.add(j.pod, ch)
+    free = sim_cl.free.copy()
+    decider = Decider(sim_cl, placed, _options(cfg), cfg.check_every_s)
+    c = wl.jobs[3].pod
+    assert decider.rescue(3, c, 200.0, {0: 250.0, 1: 250.0}, 300.0, version=1) is None
+    assert decider.last is not None and decider.last.chosen == "evict"
+    assert (sim_cl.free == free).all() and placed.pods[1][1] == Choice(1, (0,))
+    assert decider.rescue(3, c, 200.0, {0: 250.0, 1: 250.0}, 330.0, version=1) is None
+    assert decider.asked == 1  # nothing changed within the check interval: not asked again
+    # later the same move is cheaper than the work an eviction would lose: it is made
+    got = decider.rescue(3, c, 200.0, {0: 250.0, 1: 250.0}, 900.0, version=2)
+    assert decider.last.chosen == "move" and got is not None
+    assert [(f"pod-{p}", new) for p, _, new, _ in decider.last_moved] == [
+        (m.workload_id, Choice(["a", "b"].index(m.target), m.target_gpus)) for m in decider.last.plan.moves]
+    assert (sim_cl.free[got.node, list(got.gpus)] == 0).all()
+
+
+def test_cluster_to_state_keeps_the_arrays_and_the_background_immovable():
+    snap = ClusterState.build(
+        [Node("n0", 4, "G2", cpu_milli=32_000), Node("n1", 2, "G2"), Node("n2", 2, "G2", schedulable=False)],
+        [ModelWorkload("bg", Request(1, 1, 300, 2000), placements=(Placement("n0", (1,)),))])
+    cl = Cluster.from_state(snap)
+    pod = Pod(2, 1000, 4000, 0)
+    cl.place(pod, Choice(0, (2, 3)))
+    mine = ModelWorkload("pod-0", Request(2, 1, 1000, 4000), placements=(Placement("n0", (2, 3)),))
+    state = cl.to_state([mine])
+    np.testing.assert_array_equal(state.free_milli, cl.free)
+    np.testing.assert_array_equal(state.cpu_free, cl.cpu_free)
+    bg = [w for w in state.workloads if w.id.startswith("background-")]
+    assert bg and not any(w.can_move for w in bg)
+    assert state.workload("pod-0").can_move

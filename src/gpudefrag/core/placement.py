@@ -15,7 +15,7 @@ them consistent. The static and dynamic simulators and the live engines share th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from .capacity import NOT_TRACKED, Capacity, Shape
 from .fragmentation import WorkloadMix
-from .model import MILLI, ClusterState
+from .model import MILLI, ClusterState, Node, Placement, Request, Workload
 
 MAX_SPEC_CPU = 128_000  # milli-cores: the normaliser of the authors' dot-product and best-fit scores
 MAX_SPEC_GPU = 8_000  # milli-GPU: likewise (an 8-GPU node)
@@ -103,6 +103,45 @@ class Cluster(Capacity):
                 for p in w.placements:
                     cl.tags[idx[p.node], tag] += 1
         return cl
+
+    def to_state(self, running: Iterable[Workload], pending: Iterable[Workload] = (), *, now: float = 0.0,
+                 name: str = "cluster") -> ClusterState:
+        """The reverse of `from_state`: these arrays as a snapshot, so the one decision (`core.decision`) can
+        judge a simulated cluster. `running` are the workloads the caller knows (placed on these nodes by
+        name); whatever else the arrays hold (a snapshot's background load, an unschedulable node's GPUs, CPU
+        and memory not accounted for) becomes immovable `background-…` workloads, so the state's free arrays
+        equal these. CPU or memory not tracked here (`NOT_TRACKED`) is not tracked there either."""
+        run = tuple(running)
+        n, g = self.free.shape
+        used = np.zeros((n, g), dtype=np.int64)
+        cpu_used = np.zeros(n, dtype=np.int64)
+        mem_used = np.zeros(n, dtype=np.int64)
+        idx = {nm: i for i, nm in enumerate(self.names)}
+        for w in run:
+            r = w.request
+            for p in w.placements:
+                i = idx[p.node]
+                used[i, list(p.gpus)] += r.gpu_milli
+                cpu_used[i] += r.cpu_milli
+                mem_used[i] += r.memory_mib
+        cpu_tracked = self.cpu_cap < NOT_TRACKED
+        mem_tracked = self.mem_free < NOT_TRACKED // 2
+        # memory capacity is not kept: what is free plus what the known workloads hold
+        mem_cap = np.where(mem_tracked, self.mem_free + mem_used, 0)
+        cpu_cap = np.where(cpu_tracked, self.cpu_cap, 0)
+        rest_gpu = np.where(self.free >= 0, MILLI - self.free - used, 0)
+        rest_cpu = np.where(cpu_tracked, self.cpu_cap - self.cpu_free - cpu_used, 0)
+        nodes = [Node(self.names[i], int(self.gpu_count[i]), self.models[i], cpu_milli=int(cpu_cap[i]),
+                      memory_mib=int(mem_cap[i])) for i in range(n)]
+        bg: list[Workload] = []
+        for i, gi in zip(*np.nonzero(rest_gpu > 0), strict=True):
+            bg.append(Workload(f"background-{self.names[i]}-gpu{gi}", Request(1, 1, int(rest_gpu[i, gi])),
+                               placements=(Placement(self.names[i], (int(gi),)),), movable=False,
+                               movable_reason="other"))
+        for i in np.flatnonzero(rest_cpu > 0):
+            bg.append(Workload(f"background-{self.names[i]}-cpu", Request(0, 1, MILLI, int(rest_cpu[i])),
+                               placements=(Placement(self.names[i], ()),), movable=False, movable_reason="other"))
+        return ClusterState.build(nodes, (*run, *bg, *pending), now=now, name=name)
 
     def copy(self) -> Cluster:  # type: ignore[override]
         c = Cluster(self.names, self.models, self.free, self.cpu_free, self.mem_free, self.cpu_cap, self.mix,

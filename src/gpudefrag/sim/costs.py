@@ -9,7 +9,7 @@ expensive rather than cheap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.cost import CostModel, MoveCost
 from ..core.model import MILLI, Request, Workload
@@ -36,10 +36,15 @@ def checkpoint_bytes(pod: Pod, gpu_model: str | None) -> float:
     return gpu_part + pod.memory_mib * MIB
 
 
-def as_workload(pod: Pod, nbytes: float, pid: int = 0) -> Workload:
-    """The pod as the planner sees a running workload (its shape and checkpoint size)."""
-    return Workload(f"pod-{pid}", Request(pod.num_gpu, 1, pod.gpu_milli, pod.cpu_milli, pod.memory_mib,
-                                          pod.gpu_models), checkpoint_bytes=int(nbytes))
+def request_of(pod: Pod) -> Request:
+    """The pod's shape as the planner's request (one node)."""
+    return Request(pod.num_gpu, 1, pod.gpu_milli, pod.cpu_milli, pod.memory_mib, pod.gpu_models)
+
+
+def as_workload(pod: Pod, nbytes: float, pid: int = 0, **fields: Any) -> Workload:
+    """The pod as the planner sees a running workload (its shape and checkpoint size; `fields`: more of the
+    Workload's fields, e.g. its placement and start time)."""
+    return Workload(f"pod-{pid}", request_of(pod), checkpoint_bytes=int(nbytes), **fields)
 
 
 def move_cost(pod: Pod, gpu_model: str | None, source: str = "", target: str = "",

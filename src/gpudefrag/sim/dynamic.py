@@ -6,11 +6,18 @@ jobs starve on a fragmented cluster). Placement uses a policy from `gpudefrag.co
 
 The defrag controller runs the product's policy shape: trigger = the head-of-queue job has been pending longer
 than `trigger_s`; filter = jobs with at most `movable_max_gpus` GPUs may be touched; action =
-- `migrate`: checkpoint/restore the victims elsewhere (sim/defrag.py picks the node and the victims, and only
-  acts when every victim has a new place); each moved job stops for its move time (sim/costs.py), which is
-  added to its end and counted as GPU-seconds spent moving;
+- `migrate`: the product's one decision decides, as for every other door: the simulated cluster and its
+  running jobs become a `ClusterState` (`Cluster.to_state`; each job with its checkpoint size from
+  sim/costs.py), the head job a pending workload, the filter `PlanOptions.movable`, and
+  `gpudefrag.core.decision.decide` diagnoses and plans. Only when it chooses `move` with a feasible plan are
+  exactly the plan's moves applied to the arrays (each moved job stops for the move's downtime as the plan
+  prices it, added to its end and counted as GPU-seconds spent moving) and the head job started where the plan
+  lands it; when it chooses evict, drain, wait or nothing, nothing happens that round. The decision is asked
+  again once a job starts, ends or moves, or else after `check_every_s` (the prices change with time only);
 - `evict`: stop the victims (no application checkpoint: they restart from zero) and put them back in the queue;
-  their elapsed GPU-seconds are counted as work lost.
+  their elapsed GPU-seconds are counted as work lost. This action is not a plan of moves, so it stays on the
+  array-level `sim/defrag.py: ArrayDefragmenter` (the descheduler/KAI way: victims chosen without checking
+  that they fit elsewhere).
 
 The pooled bound runs the same jobs on one imaginary node holding every GPU: no fragmentation is possible, so
 its queueing delays are what the workload itself forces.
@@ -24,9 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.cost import CostModel
-from ..core.model import MILLI
+from ..core.decision import MOVE, Decision, decide
+from ..core.model import MILLI, ClusterState, Placement, WorkloadState
+from ..core.model import Workload as PlannedWorkload
 from ..core.placement import Choice, Cluster, Pod, get_policy
-from .costs import checkpoint_bytes, move_seconds
+from ..core.planner import PlanOptions
+from .costs import as_workload, checkpoint_bytes, record_move, request_of
 from .defrag import ArrayDefragmenter
 from .replay import MoveStats, Placed
 from .synthetic import Job, Workload, synthetic_cluster
@@ -72,6 +82,9 @@ class DynamicResult:
     moved_bytes: float = 0.0
     lost_gpu_s: float = 0.0
     work_gpu_s: float = 0.0  # GPU-seconds of useful work in the workload
+    move_log: list[tuple[float, str, str, str, tuple[int, ...]]] = field(default_factory=list)
+    """migrate: every move made, in order: (time, workload id `pod-N`, source node, target node, target GPUs)."""
+    decisions: int = 0  # migrate: how many times the one decision was asked
 
     def delays(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -136,6 +149,8 @@ class _Sim:
     stats: MoveStats = field(default_factory=MoveStats)
     move_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
+    move_log: list[tuple[float, str, str, str, tuple[int, ...]]] = field(default_factory=list)
+    version: int = 0  # bumped whenever a job starts, ends or moves: the decision's input changed
 
     def push(self, t: float, kind: int, arg: int) -> None:
         self.seq += 1
@@ -160,14 +175,21 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
     policy = get_policy("bestfit" if cfg.pooled else cfg.policy)
     placed = Placed.for_cluster(cl)
     defrag = None
-    if cfg.defrag != "none" and not cfg.pooled:
+    decider = None
+    if cfg.defrag == "evict" and not cfg.pooled:
         defrag = ArrayDefragmenter(action=cfg.defrag, max_moves=cfg.max_moves, budget=1e12,
                                    movable=lambda p: p.num_gpu <= cfg.movable_max_gpus,
                                    cost_model=sim.cost, requeue_evicted=True)
+    elif cfg.defrag == "migrate" and not cfg.pooled:
+        decider = Decider(cl, placed, PlanOptions(
+            max_moves=cfg.max_moves, solver="heuristic", cost_model=sim.cost,
+            movable=lambda w: w.request.gpus_per_node <= cfg.movable_max_gpus), cfg.check_every_s)
+    elif cfg.defrag not in ("none", "evict", "migrate"):
+        raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict)")
     for j in wl.jobs:
         sim.push(j.submit, ARRIVE, j.id)
         sim.runs[j.id] = _Run(j, j.duration, j.submit)
-    if defrag is not None:
+    if defrag is not None or decider is not None:
         sim.push(cfg.check_every_s, CHECK, 0)
 
     def start(jid: int, choice: Choice, placed_already: bool) -> None:
@@ -182,6 +204,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
         r.started = sim.now
         r.end = sim.now + r.remaining
         r.version += 1
+        sim.version += 1
         sim.push(r.end, END, jid * 1024 + (r.version % 1024))
 
     def schedule() -> None:
@@ -201,24 +224,46 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
                 failed.clear()
         sim.queue = kept
 
+    def delay(pid: int, down: float) -> None:
+        """A moved job stops for its move's downtime: its end moves later by as much."""
+        v = sim.runs[sim.by_pid[pid]]
+        sim.move_gpu_s += down * v.job.gpu_equiv
+        v.end += down
+        v.version += 1
+        sim.push(v.end, END, sim.by_pid[pid] * 1024 + (v.version % 1024))
+
+    def try_migrate() -> None:
+        assert decider is not None
+        jid = sim.queue[0]
+        head = sim.runs[jid]
+        started = {pid: sim.runs[j].started for pid, j in sim.by_pid.items()}
+        choice = decider.rescue(jid, head.job.pod, head.queued_at, started, sim.now, sim.version)
+        if choice is None:
+            return
+        sim.queue.pop(0)
+        for pid, was, new, down in decider.last_moved:
+            sim.stats.moves += 1
+            record_move(sim.stats, placed.pods[pid][0], cl, was, new, sim.cost)
+            sim.move_log.append((sim.now, f"pod-{pid}", cl.names[was.node], cl.names[new.node], new.gpus))
+            delay(pid, down)
+        sim.version += 1
+        start(jid, choice, True)
+        schedule()
+
     def try_defrag() -> None:
-        if defrag is None or not sim.queue:
+        if (defrag is None and decider is None) or not sim.queue:
             return
         head = sim.runs[sim.queue[0]]
         if sim.now - head.queued_at < cfg.trigger_s:
             return
+        if decider is not None:
+            try_migrate()
+            return
+        assert defrag is not None
         choice = defrag.rescue(cl, head.job.pod, placed, policy, sim.rng, sim.stats)
         if choice is None:
             return
         jid = sim.queue.pop(0)
-        for pid, was, _new in defrag.last_moved:
-            v = sim.runs[sim.by_pid[pid]]
-            b = checkpoint_bytes(v.job.pod, cl.models[was.node])
-            down = move_seconds(b, sim.cost)
-            sim.move_gpu_s += down * v.job.gpu_equiv
-            v.end += down
-            v.version += 1
-            sim.push(v.end, END, sim.by_pid[pid] * 1024 + (v.version % 1024))
         for pid in defrag.last_evicted:
             vid = sim.by_pid.pop(pid)
             v = sim.runs[vid]
@@ -263,6 +308,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
             pod, ch = placed.drop(r.pid)
             cl.remove(pod, ch)
             sim.by_pid.pop(r.pid, None)
+            sim.version += 1
             r.done = True
             remaining_jobs -= 1
             schedule()
@@ -284,8 +330,87 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
         moves=sim.stats.moves, evictions=sim.stats.evictions, move_gpu_s=sim.move_gpu_s,
         moved_bytes=sim.stats.moved_bytes, lost_gpu_s=sim.lost_gpu_s,
         work_gpu_s=float(sum(j.duration * j.gpu_equiv for j in wl.jobs)),
+        move_log=sim.move_log, decisions=decider.asked if decider is not None else 0,
     )
     return res
+
+
+class Decider:
+    """The migrate action through `core.decision.decide`: the arrays and their placed jobs as a ClusterState,
+    the head job as a pending workload, and, when the decision is a feasible move, exactly its moves applied to
+    the arrays with the capacity model's own `place`/`remove` (one statement: all or nothing)."""
+
+    def __init__(self, cl: Cluster, placed: Placed, options: PlanOptions, recheck_s: float = 60.0) -> None:
+        self.cl, self.placed, self.options, self.recheck_s = cl, placed, options, recheck_s
+        self.node_index = {n: i for i, n in enumerate(cl.names)}
+        self.asked = 0
+        self.last: Decision | None = None
+        self.last_moved: list[tuple[int, Choice, Choice, float]] = []  # pid, from, to, downtime (s)
+        self._seen: tuple[int, int, float] | None = None  # (head job, cluster version, when): "do nothing"
+        self._running: dict[int, tuple[Choice, float, PlannedWorkload]] = {}  # pid -> its workload, cached
+
+    def state(self, jid: int, pod: Pod, queued_at: float, started: dict[int, float],
+              now: float) -> tuple[ClusterState, PlannedWorkload]:
+        """The decision's input: every placed job (`pod-<pid>`, its placement, start and checkpoint size) and
+        the head job (`job-<jid>`, pending since `queued_at`)."""
+        cl, cache = self.cl, self._running
+        running = []
+        for pid, (p, ch) in self.placed.pods.items():
+            t0 = started.get(pid, now)
+            hit = cache.get(pid)
+            if hit is None or hit[0] != ch or hit[1] != t0:
+                w = as_workload(p, checkpoint_bytes(p, cl.models[ch.node]), pid,
+                                placements=(Placement(cl.names[ch.node], ch.gpus),), started_at=t0)
+                hit = cache[pid] = (ch, t0, w)
+            running.append(hit[2])
+        for pid in [k for k in cache if k not in self.placed.pods]:
+            del cache[pid]
+        head = PlannedWorkload(f"job-{jid}", request_of(pod), WorkloadState.PENDING, submitted_at=queued_at)
+        return cl.to_state(running, (head,), now=now, name="dynamic"), head
+
+    def rescue(self, jid: int, pod: Pod, queued_at: float, started: dict[int, float], now: float,
+               version: int) -> Choice | None:
+        """Ask the decision for the head job; apply a chosen, feasible move plan and return where the head job
+        lands (placed already), else None with nothing changed."""
+        self.last_moved = []
+        seen = self._seen
+        if seen is not None and seen[:2] == (jid, version) and now - seen[2] < self.recheck_s:
+            return None  # nothing changed since it last said "do nothing", and time has hardly moved
+        state, head = self.state(jid, pod, queued_at, started, now)
+        self.asked += 1
+        d = self.last = decide(state, head, self.options)
+        choice = self._apply(d, pod) if d.chosen == MOVE and d.feasible and d.plan is not None else None
+        self._seen = None if choice is not None else (jid, version, now)
+        return choice
+
+    def _apply(self, d: Decision, pod: Pod) -> Choice | None:
+        cl, placed, idx = self.cl, self.placed, self.node_index
+        assert d.plan is not None and d.plan.placements
+        where: dict[int, Choice] = {}
+        moved: list[tuple[int, Choice, Choice, float]] = []
+        cl.mark()
+        try:
+            for m in d.plan.moves:
+                pid = int(m.workload_id.removeprefix("pod-"))
+                p, was = placed.pods[pid]
+                was = where.get(pid, was)
+                new = Choice(idx[m.target], tuple(m.target_gpus))
+                cl.remove(p, was)
+                cl.place(p, new)
+                where[pid] = new
+                moved.append((pid, was, new, m.cost.downtime_s))
+            land = d.plan.placements[0]
+            mine = Choice(idx[land.node], tuple(land.gpus))
+            cl.place(pod, mine)
+        except ValueError:  # the plan does not fit these arrays (should not happen): change nothing
+            cl.rollback()
+            cl.commit()
+            return None
+        cl.commit()
+        for pid, new in where.items():
+            placed.move(pid, new)
+        self.last_moved = moved
+        return mine
 
 
 STANDARD = (
