@@ -99,7 +99,18 @@ class JournalError(GpudefragError):
         super().__init__(f"{path}: journal: {message}")
 
 
+def _utf8(raw: bytes) -> str:
+    """SQLite TEXT as str; bytes that are not UTF-8 (a damaged file) are an sqlite3 error, so every read turns
+    them into one JournalError like any other corruption, never a UnicodeDecodeError."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise sqlite3.DataError("malformed text: not UTF-8 (the file is corrupt)") from None
+
+
 def _explain(path: Path, e: BaseException) -> JournalError:
+    if isinstance(e, UnicodeDecodeError):  # SQLite's error text quoting bytes of a damaged schema
+        return JournalError(path, "corrupt or not an SQLite database (text that is not UTF-8)")
     text = str(e)
     low = text.lower()
     if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "disk is full" in low:
@@ -217,6 +228,7 @@ class Journal:
         except sqlite3.Error as e:
             raise _explain(self.path, e) from None
         self._db.row_factory = sqlite3.Row
+        self._db.text_factory = _utf8
         try:
             self._setup()
             now = os.stat(self.path, follow_symlinks=False)
@@ -228,7 +240,7 @@ class Journal:
                 for suffix in ("", "-wal", "-shm"):
                     with contextlib.suppress(OSError):
                         os.unlink(f"{self.path}{suffix}")
-            if isinstance(e, sqlite3.Error):
+            if isinstance(e, sqlite3.Error | UnicodeDecodeError):
                 raise _explain(self.path, e) from None
             raise
 
@@ -285,7 +297,7 @@ class Journal:
                     if self._db.in_transaction:
                         self._db.execute("ROLLBACK")
                     raise
-            except sqlite3.Error as e:
+            except (sqlite3.Error, UnicodeDecodeError) as e:  # SQLite's own message can quote damaged bytes
                 raise _explain(self.path, e) from None
 
     @contextmanager
@@ -293,7 +305,7 @@ class Journal:
         with self._lock:
             try:
                 yield self._db
-            except sqlite3.Error as e:
+            except (sqlite3.Error, UnicodeDecodeError) as e:  # SQLite's own message can quote damaged bytes
                 raise _explain(self.path, e) from None
 
     # ------------------------------------------------------------------ writing
