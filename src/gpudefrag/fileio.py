@@ -229,7 +229,7 @@ class _Const(str):
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _join(path: str, key: str | int) -> str:
+def join_path(path: str, key: str | int) -> str:
     """`items[3]` + `status` -> `items[3].status`; a key that is not an identifier is quoted: `["nvidia.com/gpu"]`."""
     if isinstance(key, int):
         return f"{path}[{key}]"
@@ -256,11 +256,11 @@ def _locate(text: str) -> tuple[str, str]:
             seen: set[str] = set()
             for k, _ in v:
                 if k in seen:
-                    return _join(path, k), "duplicate key (each key may appear once)"
+                    return join_path(path, k), "duplicate key (each key may appear once)"
                 seen.add(k)
-            stack.extend((_join(path, k), x) for k, x in reversed(v))
+            stack.extend((join_path(path, k), x) for k, x in reversed(v))
         elif isinstance(v, list):
-            stack.extend((_join(path, i), x) for i, x in reversed(list(enumerate(v))))
+            stack.extend((join_path(path, i), x) for i, x in reversed(list(enumerate(v))))
     return "(document)", "a number is out of range"
 
 
@@ -310,14 +310,14 @@ def _check_yaml(loader: _GuardedYamlLoader, root: Any, src: str) -> None:
                 if not isinstance(key_node, yaml.ScalarNode):
                     raise refuse(path, key_node, "a mapping key must be a plain value")
                 key = (key_node.tag, key_node.value)
-                child = _join(path, key_node.value)
+                child = join_path(path, key_node.value)
                 if key in seen:
                     raise refuse(child, key_node, "duplicate key (each key may appear once)")
                 seen.add(key)
                 children.append((child, value_node))
             stack.extend(reversed(children))  # popped in file order: the first problem in the file is reported
         elif isinstance(node, yaml.SequenceNode):
-            stack.extend((_join(path, i), x) for i, x in reversed(list(enumerate(node.value))))
+            stack.extend((join_path(path, i), x) for i, x in reversed(list(enumerate(node.value))))
         elif node.tag == _YAML_INT:
             digits = node.value.lstrip("+-").replace("_", "")
             v = loader.construct_yaml_int(node) if len(digits) <= _INT_DIGITS + 2 else None  # +2: 0x, 0o

@@ -7,7 +7,6 @@ traceback. Paths are built only when an error is raised, so reading a 1,000-node
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
@@ -16,17 +15,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from ...errors import InputError
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def join(path: str, key: str | int) -> str:
-    """`items[3]` + `status` -> `items[3].status`; keys that are not identifiers are quoted: `["nvidia.com/gpu"]`."""
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if _IDENT.match(key):
-        return f"{path}.{key}" if path else key
-    return f'{path}["{key}"]'
+from ...fileio import join_path as join
 
 
 @lru_cache(maxsize=4096)
