@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,20 @@ def alibaba_trace() -> Path:
         print(f"\n*** {msg} ***")
         pytest.skip(msg)
     return d
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, str, str]]:
+    """Run the `gpudefrag` command in-process: (exit code, stdout, stderr)."""
+    from gpudefrag.cli.main import run
+
+    def call(argv: list[str]) -> tuple[int, str, str]:
+        try:
+            run(argv)
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call

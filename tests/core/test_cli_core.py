@@ -6,19 +6,8 @@ import json
 
 import pytest
 
-from gpudefrag.cli.main import run
 from gpudefrag.demo import demo_document
 from gpudefrag.snapshot import write_json_atomic
-
-
-def cli(argv, capsys):
-    try:
-        run(argv)
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -28,42 +17,42 @@ def demo_file(tmp_path):
     return p
 
 
-def test_frag_json(demo_file, capsys):
-    code, out, _ = cli(["frag", str(demo_file), "--gpus", "8", "--json"], capsys)
+def test_frag_json(demo_file, cli):
+    code, out, _ = cli(["frag", str(demo_file), "--gpus", "8", "--json"])
     assert code == 0
     d = json.loads(out)
     assert d["free_gpus"] == 12 and d["stranded_gpus"] == 12 and d["whole_free_nodes"] == 0
     assert d["largest_placeable"] == 3 and d["free_gpus_per_node_histogram"] == {"3": 4}
 
 
-def test_frag_text(demo_file, capsys):
-    code, out, _ = cli(["frag", str(demo_file), "--gpus", "3"], capsys)
+def test_frag_text(demo_file, cli):
+    code, out, _ = cli(["frag", str(demo_file), "--gpus", "3"])
     assert code == 0 and "fits on 4 node(s)" in out and "stranded for it" in out
 
 
-def test_diagnose_json_and_job_filter(demo_file, capsys):
-    code, out, _ = cli(["diagnose", str(demo_file), "--job", "pretrain-8gpu", "--json"], capsys)
+def test_diagnose_json_and_job_filter(demo_file, cli):
+    code, out, _ = cli(["diagnose", str(demo_file), "--job", "pretrain-8gpu", "--json"])
     assert code == 0
     (d,) = json.loads(out)["diagnoses"]
     assert d["workload"] == "pretrain-8gpu" and [c["code"] for c in d["causes"]] == ["fragmentation"]
 
 
-def test_diagnose_unknown_or_running_job(demo_file, capsys):
-    code, _, err = cli(["diagnose", str(demo_file), "--job", "nope"], capsys)
+def test_diagnose_unknown_or_running_job(demo_file, cli):
+    code, _, err = cli(["diagnose", str(demo_file), "--job", "nope"])
     assert code == 2 and "no workload with id 'nope'" in err
-    code, _, err = cli(["diagnose", str(demo_file), "--job", "rl-agent"], capsys)
+    code, _, err = cli(["diagnose", str(demo_file), "--job", "rl-agent"])
     assert code == 2 and "running, not pending" in err
 
 
-def test_demo_runs_offline(capsys):
-    code, out, _ = cli(["demo"], capsys)
+def test_demo_runs_offline(cli):
+    code, out, _ = cli(["demo"])
     assert code == 0
     for name in ("gpu-node-a", "gpu-node-d", "pretrain-8gpu", "fragmentation"):
         assert name in out
 
 
-def test_demo_json(capsys):
-    code, out, _ = cli(["demo", "--json"], capsys)
+def test_demo_json(cli):
+    code, out, _ = cli(["demo", "--json"])
     assert code == 0
     d = json.loads(out)
     assert d["diagnosis"]["causes"][0]["code"] == "fragmentation"

@@ -8,19 +8,20 @@ Kubernetes can express it, `gpudefrag kube plan` on the kubectl dump — all wit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from gpudefrag.cli.main import run
 from gpudefrag.policy.options import load_inputs, plan_options
 from gpudefrag.snapshot import load_snapshot
 from gpudefrag.web.app import create_app
 from gpudefrag.web.source import MemorySource
 
 HERE = Path(__file__).parent
+Cli = Callable[[list[str]], tuple[int, str, str]]  # the `cli` fixture (tests/conftest.py)
 POLICY = "trigger:\n  on_request: false\n  pending: {longer_than_s: 0}\nbudgets: {max_moves_per_plan: 6}\n"
 
 # scenario -> (pending job, causes, blocked?, what the plan must show)
@@ -38,16 +39,6 @@ EXPECTED: dict[str, tuple[str, list[str], bool]] = {
 }
 
 
-def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        run(argv)
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def moves(plan: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     return [(m.get("workload") or m["workload_id"], m["source"], m["target"]) for m in (plan or {}).get("moves", [])]
 
@@ -60,25 +51,25 @@ def policy(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_every_door_agrees(name: str, policy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_door_agrees(name: str, policy: Path, cli: Cli) -> None:
     job, causes, blocked = EXPECTED[name]
     snap = HERE / f"{name}.json"
 
     # 1. diagnose
-    code, out, _ = cli(["diagnose", str(snap), "--job", job, "--json"], capsys)
+    code, out, _ = cli(["diagnose", str(snap), "--job", job, "--json"])
     assert code == 0
     diag = json.loads(out)["diagnoses"][0]
     assert [c["code"] for c in diag["causes"]] == causes
 
     # 2. plan: blocked -> exit 1 naming the cause; else the decision's plan
-    code, out, _ = cli(["plan", str(snap), "--job", job, "--policy", str(policy), "--json"], capsys)
+    code, out, _ = cli(["plan", str(snap), "--job", job, "--policy", str(policy), "--json"])
     decision = json.loads(out)["decision"]
     assert [c["code"] for c in decision["causes"]] == causes
     if blocked:
         assert code == 1 and decision["plan"] is None
         assert decision["blocked_by"] == [c for c in causes if c not in ("fragmentation", "fits-now")]
         assert decision["reason"].startswith(f"blocked by {causes[0]}")
-        code, text, _ = cli(["plan", str(snap), "--job", job, "--policy", str(policy)], capsys)
+        code, text, _ = cli(["plan", str(snap), "--job", job, "--policy", str(policy)])
         assert code == 1 and f"blocked by {causes[0]}" in text
     else:
         assert code == 0 and decision["plan"]["feasible"] and decision["plan"]["moves"]
@@ -86,7 +77,7 @@ def test_every_door_agrees(name: str, policy: Path, capsys: pytest.CaptureFixtur
 
     # 3. the controller with the sim engine, one dry-run cycle
     code, out, _ = cli(["controller", "--engine", "sim", "--snapshot", str(snap), "--policy", str(policy),
-                        "--once", "--dry-run", "--json"], capsys)
+                        "--once", "--dry-run", "--json"])
     assert code == 0, out
     report = json.loads(out.strip().splitlines()[-1])
     mine = [d for d in report["decisions"] if d.get("workload") == job]
@@ -114,16 +105,16 @@ def test_every_door_agrees(name: str, policy: Path, capsys: pytest.CaptureFixtur
     # 5. kube plan on the Kubernetes form of the same cluster
     dump = HERE / f"{name}.kube.json"
     if dump.exists():
-        code, out, _ = cli(["kube", "plan", str(dump), "--job", job, "--policy", str(policy), "--json"], capsys)
+        code, out, _ = cli(["kube", "plan", str(dump), "--job", job, "--policy", str(policy), "--json"])
         kd = json.loads(out)["decision"]
         assert [c["code"] for c in kd["causes"]] == causes
         assert code == (1 if blocked else 0)
         assert moves(kd["plan"]) == plan_moves
 
 
-def test_scenario_specifics(capsys: pytest.CaptureFixture[str]) -> None:
+def test_scenario_specifics(cli: Cli) -> None:
     def decision(name: str) -> dict[str, Any]:
-        _, out, _ = cli(["plan", str(HERE / f"{name}.json"), "--json"], capsys)
+        _, out, _ = cli(["plan", str(HERE / f"{name}.json"), "--json"])
         return json.loads(out)["decision"]  # type: ignore[no-any-return]
 
     plain, pinned = decision("plain-fragmentation"), decision("non-movable")
@@ -137,20 +128,20 @@ def test_scenario_specifics(capsys: pytest.CaptureFixture[str]) -> None:
     multi = decision("multi-node-present")
     assert "ml/mpi-pretrain" not in {w for w, _, _ in moves(multi["plan"])}
     partial = decision("partial-gpu")
-    _, out, _ = cli(["diagnose", str(HERE / "partial-gpu.json"), "--json"], capsys)
+    _, out, _ = cli(["diagnose", str(HERE / "partial-gpu.json"), "--json"])
     ev = json.loads(out)["diagnoses"][0]["causes"][0]["evidence"]
     assert ev["partial_gpus"] and ev["gpus_with_fractions"] == 16 and ev["largest_free_share"] == 0.5
     assert len(moves(partial["plan"])) == 1
     # anyway: the quota-blocked job gets a plan when asked for explicitly, which still names the cause
-    code, out, _ = cli(["plan", str(HERE / "quota-blocked.json"), "--plan-anyway", "--json"], capsys)
+    code, out, _ = cli(["plan", str(HERE / "quota-blocked.json"), "--plan-anyway", "--json"])
     d = json.loads(out)["decision"]
     assert code == 0 and d["planned_anyway"] and d["blocked_by"] == ["quota-exceeded"] and d["plan"]["moves"]
 
 
 @pytest.mark.parametrize("gpus", ["0", "-2"])
-def test_plan_gpus_zero_or_negative_is_one_line_exit_2(gpus: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_gpus_zero_or_negative_is_one_line_exit_2(gpus: str, cli: Cli) -> None:
     for cmd in ("plan", "diagnose"):
-        code, _out, err = cli([cmd, str(HERE / "plain-fragmentation.json"), "--gpus", gpus], capsys)
+        code, _out, err = cli([cmd, str(HERE / "plain-fragmentation.json"), "--gpus", gpus])
         assert code == 2 and "--gpus must be >= 1" in err and len(err.strip().splitlines()) == 1
 
 
@@ -161,7 +152,7 @@ def test_plan_gpus_zero_or_negative_is_one_line_exit_2(gpus: str, capsys: pytest
     (("nodes", 0, "mig_devices"), {"bogus": 2}, "nodes[0].mig_devices"),
 ])
 def test_bad_scenario_input_is_one_line_exit_2(path: tuple[Any, ...], value: Any, field: str, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+                                               cli: Cli) -> None:
     doc = json.loads((HERE / "plain-fragmentation.json").read_text())
     obj: Any = doc
     for k in path[:-1]:
@@ -170,5 +161,5 @@ def test_bad_scenario_input_is_one_line_exit_2(path: tuple[Any, ...], value: Any
     f = tmp_path / "bad.json"
     f.write_text(json.dumps(doc))
     for cmd in (["plan", str(f)], ["diagnose", str(f)]):
-        code, _out, err = cli(cmd, capsys)
+        code, _out, err = cli(cmd)
         assert code == 2 and str(f) in err and field in err and len(err.strip().splitlines()) == 1
