@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ def store(tmp_path: Path) -> CheckpointStore:
 
 
 @pytest.fixture(scope="session")
-def criu():  # -> CriuBackend
+def criu(require):  # -> CriuBackend
     """Real CRIU. Skipped loudly only when CRIU truly cannot run here (set GPUDEFRAG_REQUIRE_CRIU=1 to fail)."""
     from gpudefrag.checkpoint.criu import CriuBackend
     from gpudefrag.checkpoint.protocol import CheckpointError
@@ -35,12 +34,7 @@ def criu():  # -> CriuBackend
         be = CriuBackend()
         be.check()
     except CheckpointError as e:
-        msg = f"CRIU CANNOT RUN HERE ({e}); run scripts/install-criu.sh. CRIU tests are SKIPPED"
-        if os.environ.get("GPUDEFRAG_REQUIRE_CRIU") == "1":
-            pytest.fail(msg)
-        warnings.warn(msg, stacklevel=1)
-        print(f"\n*** {msg} ***")
-        pytest.skip(msg)
+        require("CRIU", f"CRIU CANNOT RUN HERE ({e}); run scripts/install-criu.sh. CRIU tests are SKIPPED")
     return be
 
 

@@ -8,9 +8,10 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -150,12 +151,10 @@ def workload_pids(log: Path) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def slurm() -> Iterator[Cluster]:
+def slurm(require: Callable[[str, str], NoReturn]) -> Iterator[Cluster]:
     why = _have_slurm()
     if why:
-        if os.environ.get("GPUDEFRAG_REQUIRE_SLURM") == "1":
-            pytest.fail(f"real Slurm: {why} (GPUDEFRAG_REQUIRE_SLURM=1)")
-        pytest.skip(f"real Slurm: {why}")
+        require("SLURM", f"real Slurm: {why}")
     env = {**os.environ, "GPUDEFRAG_SLURM_DIR": str(LAB), "GPUDEFRAG_SLURM_PORT": PORT}
     p = subprocess.run([str(HERE / "cluster" / "start.sh")], env=env, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
