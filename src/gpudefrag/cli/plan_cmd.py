@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..core.compat import VersionMatch
-from ..core.decision import MOVE, Decision, decide, with_movable
+from ..core.decision import MOVE, Decision, decide
 from ..core.model import MILLI, ClusterState, Request, Workload
 from ..core.planner import Plan, PlanOptions, placements_state, plan_all_pending
 from ..policy.options import load_inputs, plan_options
@@ -129,7 +129,7 @@ def _plan_all(state: ClusterState, file: Path, opts: PlanOptions, k: int | None,
                                       if d.blocked]
     skip = {d.workload_id for d in blocked}
     planned = state.with_workloads([w for w in state.workloads if w.id not in skip])
-    plans = plan_all_pending(planned, with_movable(opts), len([w for w in pending if w.id not in skip]))
+    plans = plan_all_pending(planned, opts, len([w for w in pending if w.id not in skip]))
     if json_out:
         emit_json({"file": str(file), "plans": [p.as_dict() for p in plans],
                    "blocked": [d.as_dict() for d in blocked]})

@@ -11,13 +11,14 @@ dashboard's plan preview, `kube plan`), so the same cluster gets the same answer
    its 600 GB checkpoint, the decision says so and chooses the eviction.
 
 Workloads marked immovable (the snapshot's `movable: false`, the `gpudefrag.io/movable: "false"` label,
-multi-node jobs) never move, whatever filter the caller passes. Pure: no clocks, no I/O.
+multi-node jobs) never move, whatever filter the caller passes: the planner itself refuses them
+(`planner_problem.Problem.why_not_movable`). Pure: no clocks, no I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .cost import AltCost, CostModel, alternatives, gpu_equivalents
@@ -113,22 +114,6 @@ class Decision:
         }
 
 
-def movable_filter(base: Callable[[Workload], bool] | None) -> Callable[[Workload], bool]:
-    """The planner's filter: the caller's (policy, busy jobs) and, always, the workload's own `can_move`."""
-    if base is None:
-        return lambda w: w.can_move
-    return lambda w: w.can_move and base(w)
-
-
-def with_movable(options: PlanOptions) -> PlanOptions:
-    """`options` whose filter also honours each workload's `movable` flag (idempotent)."""
-    if getattr(options.movable, "_honours_movable", False):
-        return options
-    f = movable_filter(options.movable)
-    f._honours_movable = True  # type: ignore[attr-defined]
-    return dataclasses.replace(options, movable=f)
-
-
 def should_plan(d: Diagnosis, plan_anyway: bool = False) -> bool:
     """Plan only when fragmentation is the sole blocker or the request fits already — or when asked to."""
     return plan_anyway or not d.blocking
@@ -146,7 +131,7 @@ def decide(
     """The decision for a pending workload (or a hypothetical request): causes, then maybe a plan and its priced
     alternatives, the cheapest chosen. `diagnosis` may be passed when the caller has it already; `plan=False`
     stops after the diagnosis."""
-    opts = with_movable(options or PlanOptions())
+    opts = options or PlanOptions()
     if diagnosis is None:
         diagnosis = diagnose(state, target) if isinstance(target, Workload) else diagnose_request(state, target)
     request = target.request if isinstance(target, Workload) else target
