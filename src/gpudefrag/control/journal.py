@@ -99,15 +99,6 @@ class JournalError(GpudefragError):
         super().__init__(f"{path}: journal: {message}")
 
 
-def _utf8(raw: bytes) -> str:
-    """SQLite TEXT as str; bytes that are not UTF-8 (a damaged file) are an sqlite3 error, so every read turns
-    them into one JournalError like any other corruption, never a UnicodeDecodeError."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise sqlite3.DataError("malformed text: not UTF-8 (the file is corrupt)") from None
-
-
 def _explain(path: Path, e: BaseException) -> JournalError:
     if isinstance(e, UnicodeDecodeError):  # SQLite's error text quoting bytes of a damaged schema
         return JournalError(path, "corrupt or not an SQLite database (text that is not UTF-8)")
@@ -228,7 +219,6 @@ class Journal:
         except sqlite3.Error as e:
             raise _explain(self.path, e) from None
         self._db.row_factory = sqlite3.Row
-        self._db.text_factory = _utf8
         try:
             self._setup()
             now = os.stat(self.path, follow_symlinks=False)
