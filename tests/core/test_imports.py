@@ -15,8 +15,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = "gpudefrag"
 
-# core ← policy ← checkpoint / engines ← control ← web / cli (a package may import any lower layer)
-LAYER = {"errors": 0, "fileio": 0, "core": 0, "snapshot": 1, "policy": 1, "checkpoint": 2, "engines": 2,
+# core ← policy ← checkpoint / engines / sim ← control ← web / cli (a package may import any lower layer)
+LAYER = {"errors": 0, "fileio": 0, "core": 0, "snapshot": 1, "policy": 1, "checkpoint": 2, "engines": 2, "sim": 2,
          "control": 3, "web": 4, "cli": 4}
 
 

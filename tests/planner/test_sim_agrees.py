@@ -4,10 +4,16 @@ On random small clusters where a pod fits nowhere: whenever the simulator's repa
 the planner's capacity model (all moved pods stopped, then restored); when they can also be made one after
 another (no two pods taking each other's room, which the simulator allows and the planner does not), they replay
 through the planner's replay, their price by core.cost is what the simulator recorded, the exact planner finds
-a plan too, and that plan costs no more (the same cost when it moves the same pods)."""
+a plan too, and that plan costs no more (the same cost when it moves the same pods).
+
+The dynamic simulator's migrate action asks the product's one decision (`core.decision.decide`, options from
+`policy.options`) exactly as `gpudefrag plan` does: on random fragmented clusters, written to a snapshot file
+and planned through the CLI, both doors give the same decision, the same moves and the same cost, and the
+simulator's arrays end where the plan puts every job."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -20,9 +26,11 @@ from gpudefrag.core.model import MILLI, ClusterState, Node, Placement, Request, 
 from gpudefrag.core.placement import Choice, Cluster, Pod, get_policy
 from gpudefrag.core.planner import Move, MoveError, PlanOptions, apply_moves, fits_after, plan_moves
 from gpudefrag.sim.costs import as_workload, checkpoint_bytes
+from gpudefrag.sim.dynamic import Decider, DynamicConfig, migrate_options
 from gpudefrag.sim.repack import ChainRepacker
 from gpudefrag.sim.replay import MoveStats, Placed
 from gpudefrag.sim.trace import fgd_mix
+from gpudefrag.snapshot import save_snapshot
 
 SHARES = (200, 300, 400, 500, 600, 700, 1000)
 
@@ -122,3 +130,88 @@ def test_the_simulator_and_the_planner_agree_on_plans_and_their_cost(case):
             m.workload_id for m in ordered}:
         assert math.isclose(plan.score, sim_cost, rel_tol=1e-9)
     event("same cost" if math.isclose(plan.score, sim_cost, rel_tol=1e-9) else "the planner is cheaper")
+
+
+@st.composite
+def fragmented(draw) -> tuple[Cluster, Placed, Pod, dict[int, float]]:
+    """3–4 nodes of 4 or 8 GPUs holding whole-GPU jobs of 1, 2 or 4 GPUs (some sharing pods too) with holes
+    between them, each job started at its own time, and a pending job of 2, 4 or 8 whole GPUs that fits on no
+    node as the cluster stands although enough whole GPUs are free."""
+    n = draw(st.integers(3, 4))
+    counts = [draw(st.sampled_from((4, 8))) for _ in range(n)]
+    cl = Cluster.build([f"n{i}" for i in range(n)], counts, ["G"] * n, [128_000] * n, [0] * n,
+                       fgd_mix([Pod(1, MILLI), Pod(2, MILLI), Pod(4, MILLI)]))
+    placed = Placed.for_cluster(cl)
+    started: dict[int, float] = {}
+    for i, k in enumerate(counts):
+        g = 0
+        while g < k:
+            size = draw(st.sampled_from((0, 0, 1, 1, 2, 4)))  # 0: leave a hole
+            if size == 0:
+                g += 1
+                continue
+            size = min(size, k - g)
+            share = MILLI if size > 1 or draw(st.booleans()) else draw(st.sampled_from((300, 500)))
+            pod = Pod(size, share, draw(st.sampled_from((2000, 8000))))
+            ch = Choice(i, tuple(range(g, g + size)))
+            cl.place(pod, ch)
+            started[placed.add(pod, ch)] = float(draw(st.integers(0, 9_000)))
+            g += size
+    want = Pod(draw(st.sampled_from((2, 4, 8))), MILLI, 4000)
+    assume(want.num_gpu <= max(counts))
+    assume(int((cl.free == MILLI).sum()) >= want.num_gpu)  # enough whole GPUs, scattered
+    assume(get_policy("bestfit").choose(cl, want, np.random.default_rng(0)) is None)
+    return cl, placed, want, started
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+@given(case=fragmented())
+def test_the_dynamic_simulators_migrate_and_plan_agree(case, cli, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """The dynamic simulator's migrate action and `gpudefrag plan` on the same cluster, written to a snapshot
+    file: the same decision, the same moves at the same cost, and the simulator's arrays end exactly where
+    the plan puts every job (issue #12: the simulator's defrag and the planner find plans of the same cost)."""
+    cl, placed, want, started = case
+    cfg = DynamicConfig(policy="bestfit", defrag="migrate", max_moves=6, movable_max_gpus=4)
+    decider = Decider(cl, placed, migrate_options(cfg, CostModel()), cfg.check_every_s)
+    now, queued = 10_000.0, 9_000.0
+    state, head = decider.state(0, want, queued, started, now)
+    folder = tmp_path_factory.mktemp("door")
+    save_snapshot(folder / "snap.json", state)
+    (folder / "policy.yaml").write_text(
+        f"name: dynamic-migrate\nfilter:\n  max_gpus: {cfg.movable_max_gpus}\n"
+        f"budgets:\n  max_moves_per_plan: {cfg.max_moves}\n")
+    code, out, err = cli(["plan", str(folder / "snap.json"), "--job", head.id, "--policy",
+                          str(folder / "policy.yaml"), "--solver", "heuristic", "--json"])
+    assert code in (0, 1), err
+    door = json.loads(out)["decision"]
+    before = cl.free.copy()
+    choice = decider.rescue(0, want, queued, started, now, version=0)
+    d = decider.last
+    assert d is not None
+    assert d.chosen == door["chosen"]
+    assert [c.code.value for c in d.causes] == [c["code"] for c in door["causes"]]
+    if choice is None:
+        event(f"no move ({d.chosen}: {','.join(c.code.value for c in d.causes)})")
+        assert (cl.free == before).all()  # nothing applied
+        assert not (door["chosen"] == "move" and door["plan"]["feasible"])
+        return
+    event("moved")
+    plan = door["plan"]
+    assert plan["feasible"] and door["chosen"] == "move"
+    ids = {f"pod-{pid}": pid for pid in placed.pods}
+    sim_moves = [(f"pod-{pid}", cl.names[was.node], cl.names[new.node], list(new.gpus))
+                 for pid, was, new, _ in decider.last_moved]
+    assert sim_moves == [(m["workload"], m["source"], m["target"], m["target_gpus"]) for m in plan["moves"]]
+    assert math.isclose(sum(down for *_, down in decider.last_moved),
+                        sum(m["cost"]["downtime_s"] for m in plan["moves"]), rel_tol=1e-9)
+    assert d.plan is not None and math.isclose(d.plan.total_cost_s, plan["total_cost_s"], rel_tol=1e-9)
+    assert [cl.names[choice.node], list(choice.gpus)] == [plan["placements"][0]["node"],
+                                                           plan["placements"][0]["gpus"]]
+    for m in plan["moves"]:  # every moved job sits where the plan put it, in the arrays and the bookkeeping
+        assert placed.pods[ids[m["workload"]]][1] == Choice(cl.names.index(m["target"]), tuple(m["target_gpus"]))
+    after = Cluster.from_state(apply_moves(state, [Move(m["workload"], m["source"], m["target"],
+                                                        tuple(m["target_gpus"]), d.plan.moves[i].cost)
+                                                   for i, m in enumerate(plan["moves"])]))
+    after.place(want, Choice(after.names.index(cl.names[choice.node]), choice.gpus))
+    assert (after.free == cl.free).all()

@@ -36,6 +36,8 @@ from ..core.model import MILLI, ClusterState, Placement, WorkloadState
 from ..core.model import Workload as PlannedWorkload
 from ..core.placement import Choice, Cluster, Pod, get_policy
 from ..core.planner import PlanOptions
+from ..policy.models import Filter, Policy
+from ..policy.options import PlanInputs, plan_options
 from .costs import as_workload, checkpoint_bytes, record_move, request_of
 from .defrag import ArrayDefragmenter
 from .replay import MoveStats, Placed
@@ -181,9 +183,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
                                    movable=lambda p: p.num_gpu <= cfg.movable_max_gpus,
                                    cost_model=sim.cost, requeue_evicted=True)
     elif cfg.defrag == "migrate" and not cfg.pooled:
-        decider = Decider(cl, placed, PlanOptions(
-            max_moves=cfg.max_moves, solver="heuristic", cost_model=sim.cost,
-            movable=lambda w: w.request.gpus_per_node <= cfg.movable_max_gpus), cfg.check_every_s)
+        decider = Decider(cl, placed, migrate_options(cfg, sim.cost), cfg.check_every_s)
     elif cfg.defrag not in ("none", "evict", "migrate"):
         raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict)")
     for j in wl.jobs:
@@ -333,6 +333,14 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
         move_log=sim.move_log, decisions=decider.asked if decider is not None else 0,
     )
     return res
+
+
+def migrate_options(cfg: DynamicConfig, cost: CostModel) -> PlanOptions:
+    """The migrate action's options, built where every other door builds them (`policy.options`): a policy
+    whose filter admits jobs of at most `movable_max_gpus` GPUs, the simulation's cost model, the move budget,
+    and the fast heuristic solver (a decision is asked at every check while a job waits)."""
+    policy = Policy(name="dynamic-migrate", filter=Filter(max_gpus=cfg.movable_max_gpus))
+    return plan_options(PlanInputs(policy, cost), max_moves=cfg.max_moves, solver="heuristic")
 
 
 class Decider:
