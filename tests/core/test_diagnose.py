@@ -175,3 +175,16 @@ def test_fractional_request_fragmented():
 def test_hypothetical_request():
     d = diagnose_request(demo_state(), Request(gpus_per_node=3))
     assert d.codes == (C.FITS_NOW,)
+
+
+def test_moves_to_clear_count_the_cpu_the_request_needs_too():
+    """Moving the 4-GPU job off node a frees enough GPUs but not the CPU the request needs: two jobs must go;
+    node b (16 cores) can never hold it, however many jobs leave."""
+    s = build([node("a", cpu_milli=64000), node("b", cpu_milli=16000)],
+              [job("x", 4, "a", cpu_milli=2000), job("y", 2, "a", cpu_milli=50000),
+               job("z1", 3, "b", cpu_milli=1000), job("z2", 3, "b", cpu_milli=1000),
+               job("big", 4, cpu_milli=40000)])
+    got, d = codes(s)
+    assert C.FRAGMENTATION in got
+    ev = next(c for c in d.causes if c.code is C.FRAGMENTATION).evidence
+    assert ev["min_moves_to_clear"] == 2 and ev["clearable_nodes"] == ["a"]

@@ -490,27 +490,29 @@ def _fragmentation_cause(f: Facts, free_total: int, share_total: int, other_caus
     blocks = np.where(usable_here, whole, 0)
     best = int(np.argmax(blocks))
     best_name = state.nodes[best].name
-    # How many single-node jobs would have to leave each candidate node for the request to fit there
-    # (ignoring where they go: the planner checks that). Workloads that may not move are not counted.
+    # How many single-node jobs would have to leave each candidate node for the request to fit there: GPUs,
+    # and the CPU and memory the request also needs there (ignoring where they go: the planner checks that).
+    # Largest jobs first, so the count is a set that suffices, not always the fewest. Workloads that may not
+    # move are not counted.
     moves_needed: list[tuple[int, str]] = []
+    cpu_free, mem_free = state.cpu_free, state.mem_free
     for i in np.flatnonzero(usable_here & ~fits):
         n = state.nodes[i]
         movable = sorted(
-            (len(p.gpus) for w in state.workloads_on[n.name] if w.can_move for p in w.placements if p.node == n.name),
+            ((len(p.gpus), w.request.cpu_milli, w.request.memory_mib)
+             for w in state.workloads_on[n.name] if w.can_move for p in w.placements if p.node == n.name),
             reverse=True,
         )
-        if r.gpu_milli < MILLI:
-            if movable:
-                moves_needed.append((1, n.name))
-            continue
-        need = r.gpus_per_node - int(whole[i])
-        got, k = 0, 0
-        for g in movable:
-            if got >= need:
+        need = (r.gpus_per_node - int(whole[i]) if r.gpu_milli >= MILLI else 0,
+                r.cpu_milli - int(cpu_free[i]), r.memory_mib - int(mem_free[i]))
+        got = [0, 0, 0]
+        k = 0
+        for job in movable:
+            if all(g >= x for g, x in zip(got, need, strict=True)) and (k or r.gpu_milli >= MILLI):
                 break
-            got += g
+            got = [g + x for g, x in zip(got, job, strict=True)]
             k += 1
-        if got >= need:
+        if k and all(g >= x for g, x in zip(got, need, strict=True)):
             moves_needed.append((k, n.name))
     moves_needed.sort()
     free = state.free_milli
