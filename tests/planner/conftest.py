@@ -1,4 +1,5 @@
-"""Builders for hand-made planner clusters: nodes, jobs with checkpoint sizes in GiB, and the CLI runner."""
+"""Builders for hand-made planner clusters: nodes, jobs with checkpoint sizes in GiB (the CLI runner is the
+suite's `cli` fixture)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from gpudefrag.cli.main import run
 from gpudefrag.core.model import ClusterState
 from gpudefrag.snapshot import load_snapshot_dict
 
@@ -41,16 +41,6 @@ def build(nodes: list[dict[str, Any]], workloads: list[dict[str, Any]]) -> Clust
     return load_snapshot_dict({"nodes": nodes, "workloads": workloads, "now": NOW}, "<test>")
 
 
-def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        run(argv)
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 class Builders:
     """The helpers above, handed to tests as the `pb` fixture (test modules cannot import conftest)."""
 
@@ -59,7 +49,6 @@ class Builders:
     node = staticmethod(node)
     job = staticmethod(job)
     build = staticmethod(build)
-    cli = staticmethod(cli)
 
 
 @pytest.fixture

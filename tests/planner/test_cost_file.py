@@ -64,16 +64,16 @@ def test_any_document_gives_a_model_or_one_input_error(doc):
         assert cm.checkpoint_bps > 0 and cm.transfer_bps > 0 and cm.restore_bps > 0
 
 
-def test_cli_costs_option(tmp_path, capsys, pb):
+def test_cli_costs_option(tmp_path, cli):
     snap = tmp_path / "demo.json"
     write_json_atomic(snap, demo_document())
     slow = tmp_path / "slow.yaml"
     slow.write_text("transfer_gbps: 0.01\n")
-    _, base, _ = pb.cli(["plan", str(snap), "--json"], capsys)
-    code, out, _ = pb.cli(["plan", str(snap), "--json", "--costs", str(slow)], capsys)
+    _, base, _ = cli(["plan", str(snap), "--json"])
+    code, out, _ = cli(["plan", str(snap), "--json", "--costs", str(slow)])
     assert code == 0
     assert json.loads(out)["plan"]["total_cost_s"] > 10 * json.loads(base)["plan"]["total_cost_s"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("links: [{source: a}]\n")
-    code, _, err = pb.cli(["plan", str(snap), "--costs", str(bad)], capsys)
+    code, _, err = cli(["plan", str(snap), "--costs", str(bad)])
     assert code == 2 and "bad.yaml" in err and "links[0].target" in err
