@@ -13,12 +13,15 @@ class GpudefragError(Exception):
 
 class InputError(GpudefragError):
     """A file the user gave us is malformed: `source` is the file, `where` the path inside it (e.g.
-    `workloads[3].placements[0].node`, or `line 12, column 4`)."""
+    `workloads[3].placements[0].node`, or `line 12, column 4`). `problem` says what kind of refusal it is, for
+    callers that answer with their own codes (the checkpoint store): "missing", "link", "not-regular" (a FIFO,
+    device, directory…), "too-large", "unreadable", or "content" (the bytes were read but are malformed)."""
 
-    def __init__(self, source: str, where: str, message: str) -> None:
+    def __init__(self, source: str, where: str, message: str, *, problem: str = "content") -> None:
         self.source = source
         self.where = where
         self.message = message
+        self.problem = problem
         super().__init__(f"{source}: {where}: {message}" if where else f"{source}: {message}")
 
 

@@ -94,7 +94,7 @@ def max_input_bytes(kind: str) -> int:
 def _require_regular(src: str, st: os.stat_result) -> None:
     if not stat.S_ISREG(st.st_mode):
         what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
-        raise InputError(src, "", f"is {what}, not a regular file: refused without reading it")
+        raise InputError(src, "", f"is {what}, not a regular file: refused without reading it", problem="not-regular")
 
 
 def read_input(path: str | os.PathLike[str], kind: str, *, follow_links: bool = True) -> bytes:
@@ -109,24 +109,24 @@ def read_input(path: str | os.PathLike[str], kind: str, *, follow_links: bool = 
     try:
         st = os.stat(src, follow_symlinks=follow_links)
     except FileNotFoundError:
-        raise InputError(src, "", "cannot read: file not found") from None
+        raise InputError(src, "", "cannot read: file not found", problem="missing") from None
     except OSError as e:
-        raise InputError(src, "", f"cannot read: {e.strerror or e}") from None
+        raise InputError(src, "", f"cannot read: {e.strerror or e}", problem="unreadable") from None
     _require_regular(src, st)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
         fd = os.open(src, flags)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise InputError(src, "", "is a symbolic link: refused (give the file itself)") from None
-        raise InputError(src, "", f"cannot read: {e.strerror or e}") from None
+            raise InputError(src, "", "is a symbolic link: refused (give the file itself)", problem="link") from None
+        raise InputError(src, "", f"cannot read: {e.strerror or e}", problem="unreadable") from None
     try:
         fst = os.fstat(fd)
         _require_regular(src, fst)
         if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-            raise InputError(src, "", "was replaced while it was being opened: refused")
+            raise InputError(src, "", "was replaced while it was being opened: refused", problem="not-regular")
         too_big = InputError(src, "", f"is larger than the {limit:,}-byte limit for a {kind} file "
-                             f"(set {MAX_BYTES_ENV} to raise it)")
+                             f"(set {MAX_BYTES_ENV} to raise it)", problem="too-large")
         if fst.st_size > limit:
             raise too_big
         chunks: list[bytes] = []
@@ -135,7 +135,7 @@ def read_input(path: str | os.PathLike[str], kind: str, *, follow_links: bool = 
             try:
                 chunk = os.read(fd, min(left, 8 * MiB))
             except OSError as e:
-                raise InputError(src, "", f"cannot read: {e.strerror or e}") from None
+                raise InputError(src, "", f"cannot read: {e.strerror or e}", problem="unreadable") from None
             if not chunk:
                 break
             chunks.append(chunk)

@@ -135,6 +135,12 @@ def test_wrong_key_is_refused(store: CheckpointStore, tmp_path: Path) -> None:
     (lambda d: (d / MANIFEST_NAME).unlink(), rc.MISSING_MANIFEST),
     (lambda d: (d / MANIFEST_NAME).write_text("{ nope"), rc.BAD_MANIFEST),
     (lambda d: (d / MANIFEST_NAME).write_text("[]"), rc.BAD_MANIFEST),
+    # the manifest is read through the one guarded reader: never through a link, never from a FIFO (which
+    # would hang the reader), never more than its size limit
+    (lambda d: (os.replace(d / MANIFEST_NAME, d.parent / "elsewhere.json"),
+                (d / MANIFEST_NAME).symlink_to(d.parent / "elsewhere.json")), rc.UNSAFE_PATH),
+    (lambda d: ((d / MANIFEST_NAME).unlink(), os.mkfifo(d / MANIFEST_NAME)), rc.UNSAFE_PATH),
+    (lambda d: (d / MANIFEST_NAME).write_bytes(b" " * (16 << 20) + b"{}"), rc.BAD_MANIFEST),
 ])
 def test_tampering_reasons(store: CheckpointStore, tamper, reason: str) -> None:
     cid = make(store)

@@ -13,7 +13,6 @@ complete (temp folder + rename) and `verify` re-reads every byte before a restor
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
 import re
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.model import Versions
+from ..errors import InputError
+from ..fileio import read_input
 from .keys import DEFAULT_KEY_PATH, key_id, load_key
 from .manifest import (
     MANIFEST_NAME,
@@ -58,7 +59,6 @@ DEFAULT_STORE = Path("/var/lib/gpudefrag/checkpoints")
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 KEPT_PREFIX = ".kept-"
-MAX_MANIFEST_BYTES = 16 << 20
 _CHUNK = 4 << 20
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -253,19 +253,13 @@ class CheckpointStore:
         mp = d / MANIFEST_NAME
         if not d.is_dir() or d.is_symlink():
             raise CheckpointError(NOT_FOUND, "no such checkpoint", path=str(d))
-        try:  # no link, FIFO or device: a planted manifest must neither redirect nor hang the reader
-            fd = os.open(mp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise CheckpointError(MISSING_MANIFEST, f"{MANIFEST_NAME} is missing", path=str(d)) from None
-        except OSError as e:
-            raise CheckpointError(UNSAFE_PATH if e.errno == errno.ELOOP else BAD_MANIFEST,
-                                  f"cannot open: {e.strerror}", path=str(mp)) from None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CheckpointError(UNSAFE_PATH, "not a regular file", path=str(mp))
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise CheckpointError(BAD_MANIFEST, "manifest is too large", path=str(mp))
+        try:  # the one guarded reader: no link, FIFO or device (a planted manifest must neither redirect nor
+            # hang the reader), at most the manifest size limit
+            raw = read_input(mp, "manifest", follow_links=False)
+        except InputError as e:
+            code = {"missing": MISSING_MANIFEST, "link": UNSAFE_PATH, "not-regular": UNSAFE_PATH}.get(e.problem,
+                                                                                                  BAD_MANIFEST)
+            raise CheckpointError(code, e.message, path=str(mp)) from None
         return parse_manifest(raw, str(mp))
 
     def verify(self, ckpt_id: str) -> VerifyResult:
