@@ -105,41 +105,55 @@ def admit(journal: Journal, config: ExecutorConfig, moves: Iterable[MoveLike], *
     return Admission(tuple(admitted), tuple(deferred))
 
 
-class Executor:
-    def __init__(self, engine: Engine, agent: Agent, journal: Journal, config: ExecutorConfig | None = None, *,
-                 clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None) -> None:
-        self.engine = engine
-        self.agent = agent
+class BudgetedExecutor:
+    """What every engine's executor shares: the journal, the disruption budget (`admit`), and what is in
+    flight. An engine's executor says only what each journaled move carries (`move_data`) and how it runs."""
+
+    def __init__(self, journal: Journal, config: ExecutorConfig | None, *, clock: Callable[[], float],
+                 log: Callable[[str], None] | None) -> None:
         self.journal = journal
         self.config = config or ExecutorConfig()
         self.clock = clock
         self.log = log or (lambda _msg: None)
 
-    # ------------------------------------------------------------------ admission (the disruption budget)
     def active(self) -> list[Migration]:
         return self.journal.active()
 
     def busy_workloads(self) -> set[str]:
         return {m.workload_id for m in self.active()}
 
+    def move_data(self, mv: MoveLike, plan: dict[str, Any] | None, compat: dict[str, Any] | None) -> dict[str, Any]:
+        """What the journal keeps with an admitted move: the plan, and the compatibility rule it was planned
+        under (the restore, or the replacement's node choice, checks what the planner checked)."""
+        d: dict[str, Any] = {}
+        if plan:
+            d["plan"] = plan
+        if compat is not None:
+            d["compat"] = compat
+        return d
+
     def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None,
                compat: dict[str, Any] | None = None) -> Admission:
         """Journal the moves the budget allows (PLANNED); the rest are deferred, each with why. `compat`: the
-        compatibility rule the moves were planned under (`CompatRule.as_dict()`); it travels in the restore
-        ticket, so the job's restore checks what the planner checked."""
-
-        def data(mv: MoveLike) -> dict[str, Any]:
-            d: dict[str, Any] = {"target_gpus": list(getattr(mv, "target_gpus", ()) or ())}
-            if plan:
-                d["plan"] = plan
-            if compat is not None:
-                d["compat"] = compat
-            return d
-
-        admission = admit(self.journal, self.config, moves, now=self.clock(), reason=reason, data=data)
+        compatibility rule the moves were planned under (`CompatRule.as_dict()`)."""
+        admission = admit(self.journal, self.config, moves, now=self.clock(), reason=reason,
+                          data=lambda mv: self.move_data(mv, plan, compat))
         for m in admission.admitted:
             self.log(f"migration {m.id}: {m.workload_id} {m.source} -> {m.target} planned ({reason})")
         return admission
+
+
+class Executor(BudgetedExecutor):
+    """Slurm (and the simulator): checkpoint on the source through the job's agent, restore on the target."""
+
+    def __init__(self, engine: Engine, agent: Agent, journal: Journal, config: ExecutorConfig | None = None, *,
+                 clock: Callable[[], float] = time.time, log: Callable[[str], None] | None = None) -> None:
+        super().__init__(journal, config, clock=clock, log=log)
+        self.engine = engine
+        self.agent = agent
+
+    def move_data(self, mv: MoveLike, plan: dict[str, Any] | None, compat: dict[str, Any] | None) -> dict[str, Any]:
+        return {"target_gpus": list(getattr(mv, "target_gpus", ()) or ()), **super().move_data(mv, plan, compat)}
 
     # ------------------------------------------------------------------ driving
     def tick(self) -> list[Migration]:

@@ -10,45 +10,33 @@ unfinished (once), then builds each admitted move's sequence from a fresh observ
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ..engines.kubernetes.engine import KubernetesEngine
 from ..engines.kubernetes.executor import Executor, Publisher
 from ..engines.kubernetes.moves import MoveOptions, SimpleMove, build_move
-from .executor import Admission, ExecutorConfig, MoveLike, admit
+from .executor import BudgetedExecutor, ExecutorConfig, MoveLike
 from .journal import Journal, Migration, MigrationState
 from .kube_journaled import ENGINE, JournaledMoves
 
 
-class KubeMoveExecutor:
+class KubeMoveExecutor(BudgetedExecutor):
     def __init__(self, engine: KubernetesEngine, journal: Journal, config: ExecutorConfig | None = None, *,
                  options: MoveOptions | None = None, publish: Publisher | None = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  log: Callable[[str], None] | None = None) -> None:
+        super().__init__(journal, config, clock=clock, log=log)
         self.engine = engine
-        self.journal = journal
-        self.config = config or ExecutorConfig()
         self.options = options or MoveOptions(ready_timeout_s=self.config.restore_timeout_s)
-        self.clock = clock
-        self.log = log or (lambda _m: None)
         self.moves = JournaledMoves(Executor(engine.api, publish=publish, compat=self.options.compat, sleep=sleep),
                                     journal)
         self._recovered = False
 
-    def active(self) -> list[Migration]:
-        return self.journal.active()
-
-    def busy_workloads(self) -> set[str]:
-        return {m.workload_id for m in self.active()}
-
-    def submit(self, moves: Iterable[MoveLike], *, reason: str, plan: dict[str, Any] | None = None,
-               compat: dict[str, Any] | None = None) -> Admission:
-        """Journal the moves the budget allows; the rest are deferred with why (the same rules as the Slurm
-        side: `gpudefrag.control.executor.admit`). `compat`: the rule the moves were planned under, journaled
-        with them as on the Slurm side (a pod move checks it when it picks the replacement's node)."""
-        return admit(self.journal, self.config, moves, now=self.clock(), reason=reason,
-                     data=lambda _mv: {"engine": ENGINE, "plan": plan or {}, **({"compat": compat} if compat else {})})
+    def move_data(self, mv: MoveLike, plan: dict[str, Any] | None, compat: dict[str, Any] | None) -> dict[str, Any]:
+        """The engine's tag, so recovery picks up only pod moves (a pod move checks `compat` when it picks
+        the replacement's node)."""
+        return {"engine": ENGINE, "plan": plan or {}, **({"compat": compat} if compat else {})}
 
     def tick(self) -> list[Migration]:
         out: list[Migration] = []
