@@ -89,7 +89,8 @@ class WatchCache:
         call.warnings.extend(self.skipped)
         t = time.monotonic()
         with self.lock:
-            lists = [(f.src, list(f.store.values())) for f in self.feeds.values()]
+            # in key order, as a list call answers (etcd's key order): the same input gives the same state
+            lists = [(f.src, [f.store[k] for k in sorted(f.store)]) for f in self.feeds.values()]
             for f in self.feeds.values():
                 if f.down_since is not None and t - f.down_since >= self.stale_after_s:
                     call.warnings.append(f"watch {f.src.name}: not connected for {t - f.down_since:.0f} s; "
