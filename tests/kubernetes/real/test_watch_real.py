@@ -53,12 +53,11 @@ def comparable(cluster: KubeCluster) -> tuple[dict[str, Any], list[Any]]:
 def same_as_a_fresh_list(lab: KubeLab, c: WatchCache) -> KubeCluster:
     """Cycles from the cache until it equals a fresh full list of the real server (the watches deliver within
     moments, not within the same call): the equality, not the timing, is what is checked."""
-    fresh = comparable(read_live(api=lab.client()))
     got: list[KubeCluster] = []
 
-    def equal() -> bool:
+    def equal() -> bool:  # both read again each time: controllers (node lifecycle, KWOK) may still be writing
         got[:] = [c.cluster()]
-        return comparable(got[0]) == fresh
+        return comparable(got[0]) == comparable(read_live(api=lab.client()))
 
     lab.wait("the cache to equal a fresh list", equal, timeout=30)
     return got[0]
@@ -112,6 +111,8 @@ def test_an_expired_resource_version_relists_and_recovers(cache: tuple[KubeLab, 
     feed = c.feeds["pods"]
     lab.wait("the pods watch", lambda: feed.connected)
     old = feed.rv
+    lab.create(gpu_pod("marker", 1, node="gpu-node-0"))  # a write after `old`: the restarted server starts later
+    lab.wait("the marker in the cache", lambda: feed.rv != old and "ml/marker" in c.cluster().pods)
     restart_api_server(lab)
     lab.wait("the pods watch back", lambda: feed.connected, timeout=60)
 
@@ -121,7 +122,7 @@ def test_an_expired_resource_version_relists_and_recovers(cache: tuple[KubeLab, 
         resp.release_conn()
         return first.get("type") == "ERROR" and first["object"].get("code") == 410
 
-    lab.wait("the real server to answer 410 Gone for the old resourceVersion", expired, timeout=60, every=1)
+    lab.wait(f"the real server to answer 410 Gone for resourceVersion {old}", expired, timeout=120, every=1)
     before = feed.relists
     feed.rv = old
     c._close(feed)  # the stream breaks; the thread resumes the watch from the expired resourceVersion
