@@ -18,6 +18,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from gpudefrag.engines.kubernetes import KubeCluster, KubernetesEngine, diagnose_kube
 from gpudefrag.engines.kubernetes.live import read_live
 from gpudefrag.engines.kubernetes.watch import WatchCache
+from gpudefrag.engines.registry import make_engine
 from gpudefrag.snapshot import state_to_dict
 
 from .lab import TOOLS, KubeLab, gpu_node, gpu_pod
@@ -160,10 +161,13 @@ def test_the_cache_survives_an_api_server_restart(cache: tuple[KubeLab, WatchCac
     assert not [w for w in got.warnings if "stale" in w]
 
 
-def test_the_engine_keeps_one_cache(kube: KubeLab) -> None:
-    """`KubernetesEngine(watch=True)` (what the controller gets): one cache for its life; observe() follows it."""
+def test_the_controllers_engine_keeps_one_cache(kube: KubeLab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine `controller --engine kubernetes` builds (the registry's): one cache for its life; each
+    observe() reads it."""
     fragmented(kube)
-    eng = KubernetesEngine(api_client=kube.client(), watch=True)
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    eng = make_engine("kubernetes")
+    assert isinstance(eng, KubernetesEngine)
     try:
         assert "ml/big" in {w.id for w in eng.observe().pending}
         cache = eng._cache
