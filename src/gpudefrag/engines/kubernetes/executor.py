@@ -321,7 +321,7 @@ class Executor:
 
 
 class ClientKubeApi:
-    """`KubeApi` with the official client. Verified only against recorded API shapes (see docs/kubernetes.md)."""
+    """`KubeApi` with the official client, verified against a real control plane (tests/kubernetes/real)."""
 
     def __init__(self, api_client: Any) -> None:
         from kubernetes import client
