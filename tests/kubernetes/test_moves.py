@@ -242,3 +242,36 @@ def test_replicaset_without_a_deployment_is_refused(frag_cluster: KubeCluster) -
     pods = {**frag_cluster.pods, RS.workload_id: dataclasses.replace(info, raw=MappingProxyType(raw))}
     seq = build_move(dataclasses.replace(frag_cluster, pods=MappingProxyType(pods)), RS)
     assert not seq.ok and "no Deployment manages" in (seq.refused or "") and not seq.ops
+
+
+@pytest.mark.parametrize("change", ["replaced", "moved", "gone"])
+def test_original_changed_since_planning_stops_at_verify(frag_cluster: KubeCluster, change: str) -> None:
+    """The plan came from a watch cache that had not yet seen the change: the move stops before touching
+    anything, so a namesake made since is never evicted."""
+    seq = build_move(frag_cluster, BARE)
+    api = InMemoryApi(frag_cluster)
+    pod = api.pods[("ml", "notebook-ana")]
+    if change == "replaced":
+        pod["metadata"]["uid"] = "uid-of-a-namesake"
+    elif change == "moved":
+        pod["spec"]["nodeName"] = "gpu-node-2"
+    else:
+        del api.pods[("ml", "notebook-ana")]
+    res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(seq)
+    assert not res.ok and res.error.startswith("verify-target") and "notebook-ana" in res.error, res.error
+    assert all(v == "GET" for v, _ in api.calls)
+
+
+def test_eviction_names_the_planned_uid(frag_cluster: KubeCluster) -> None:
+    """The eviction carries the original's uid as a precondition: the API server refuses it (409) for a pod of
+    the same name made after the plan, even past the verification (the in-memory API enforces it the same way)."""
+    seq = build_move(frag_cluster, BARE)
+    evict = next(o for o in seq.ops if o.kind is K.EVICT_ORIGINAL)
+    uid = frag_cluster.pods[BARE.workload_id].uid
+    assert uid and evict.body["deleteOptions"] == {"preconditions": {"uid": uid}}  # type: ignore[index]
+    api = InMemoryApi(frag_cluster)
+    api.pods[("ml", "notebook-ana")]["metadata"]["uid"] = "uid-of-a-namesake"
+    res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(
+        dataclasses.replace(seq, ops=tuple(o for o in seq.ops if o.kind is not K.VERIFY_TARGET)))
+    assert not res.ok and res.error.startswith("evict-original") and res.rolled_back, res.error
+    assert ("ml", "notebook-ana") in api.pods

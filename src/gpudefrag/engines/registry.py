@@ -53,7 +53,8 @@ def _slurm() -> Engine:
 def _kubernetes(context: str | None = None) -> Engine:
     from .kubernetes import KubernetesEngine
 
-    return KubernetesEngine(context=context)  # type: ignore[return-value]
+    # the engines built here serve long-lived processes (controller, dashboard): a watch cache, listed once
+    return KubernetesEngine(context=context, watch=True)  # type: ignore[return-value]
 
 
 @register_engine("sim", args=("state",))

@@ -4,13 +4,16 @@ Kubernetes has no hold/requeue of a running pod: a move is a `MoveSequence` (see
 `Executor`, and this engine's `move()` does exactly that. The Slurm-shaped job actions map where Kubernetes has
 an equivalent: `release` removes a pod's scheduling gates, `pin` narrows a gated pod's node affinity (mutable
 while gated), `signal` execs `kill` in the pod; `hold` and `requeue_hold` are refused with the reason.
+
+With `watch` (a long-lived process: the controller, the dashboard) the engine lists the cluster once and keeps
+it current with watches (watch.py); each observation then reads that cache instead of listing again.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.model import ClusterState
 from ..base import EngineError, JobInfo, JobPhase, NodeInfo
@@ -19,16 +22,21 @@ from .executor import ApiError, ClientKubeApi, Executor, KubeApi, MoveResult, Pu
 from .load import load_dump
 from .moves import HOSTNAME, MoveLike, MoveOptions, build_move
 
+if TYPE_CHECKING:
+    from .watch import WatchCache
+
 
 class KubernetesEngine:
     name = "kubernetes"
 
     def __init__(self, *, context: str | None = None, dump: str | os.PathLike[str] | None = None,
-                 api_client: Any = None, api: KubeApi | None = None) -> None:
+                 api_client: Any = None, api: KubeApi | None = None, watch: bool = False) -> None:
         self.context = context
         self.dump = dump
         self._client = api_client
         self._api = api
+        self.watch = watch
+        self._cache: WatchCache | None = None
         self.last: KubeCluster | None = None
 
     # ------------------------------------------------------------------ observe
@@ -39,8 +47,21 @@ class KubernetesEngine:
             from .live import api_client, read_live
 
             self._client = self._client or api_client(self.context)
-            self.last = read_live(self.context, api=self._client)
+            if not self.watch:
+                self.last = read_live(self.context, api=self._client)
+                return self.last
+            if self._cache is None:
+                from .watch import WatchCache
+
+                self._cache = WatchCache(self._client, self.context).start()
+            self.last = self._cache.cluster()
         return self.last
+
+    def close(self) -> None:
+        """End the watches, if any."""
+        if self._cache is not None:
+            self._cache.stop()
+            self._cache = None
 
     def observe(self) -> ClusterState:
         return self.cluster().state

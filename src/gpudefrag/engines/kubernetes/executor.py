@@ -213,6 +213,15 @@ class Executor:
         p, api = op.params, self.api
         k = op.kind
         if k is OpKind.VERIFY_TARGET:
+            if p.get("uid"):  # the plan may come from a cache: the original must still be what was planned
+                orig = api.read_pod(p["namespace"], p["pod"])
+                meta = (orig or {}).get("metadata") or {}
+                if orig is None or meta.get("uid") != p["uid"] or meta.get("deletionTimestamp"):
+                    raise StepFailed(f"{p['pod']} is no longer the pod that was planned (gone, replaced or "
+                                     "terminating)")
+                if (orig.get("spec") or {}).get("nodeName") != p["source"]:
+                    raise StepFailed(f"{p['pod']} now runs on {(orig.get('spec') or {}).get('nodeName')!r}, "
+                                     f"not on {p['source']!r}")
             raw = api.read_node(p["node"])
             node = _node(At(raw, "cluster", f"node {p['node']}"), DraInventory())
             if not node.schedulable:
@@ -291,6 +300,10 @@ class Executor:
                     api.evict_pod(p["namespace"], p["pod"], dict(op.body or {}))
                     return f"{p['pod']} evicted"
                 except ApiError as e:
+                    if e.status == 409 and p.get("uid"):  # the uid precondition: is the original still there?
+                        now = api.read_pod(p["namespace"], p["pod"])
+                        if now is None or ((now.get("metadata") or {}).get("uid") != p["uid"]):
+                            e = ApiError(404, f"{p['pod']} with uid {p['uid']} is gone")
                     if e.status == 404 and (p.get("missing_ok") or recovering):
                         return "already removed by its ReplicaSet"
                     if e.status != 429:
@@ -308,7 +321,7 @@ class Executor:
 
 
 class ClientKubeApi:
-    """`KubeApi` with the official client. Verified only against recorded API shapes (see docs/kubernetes.md)."""
+    """`KubeApi` with the official client, verified against a real control plane (tests/kubernetes/real)."""
 
     def __init__(self, api_client: Any) -> None:
         from kubernetes import client

@@ -1,24 +1,30 @@
 """Read a live cluster with the official client (kubeconfig, or in-cluster when run as a pod).
 
-Every object is turned back into the API's JSON shape (`ApiClient.sanitize_for_serialization`) and goes through
-the same converter as an offline dump, so both sources give the same `ClusterState`. Optional parts (the
-autoscaler status ConfigMap, DRA) are skipped when absent or forbidden; a warning says so.
+Every list is made with `_preload_content=False`: the server's JSON is parsed as is (not the client's model
+objects) and goes through the same converter as an offline dump, so both sources give the same `ClusterState`.
+Optional parts (PDBs, the scheduling events, the autoscaler status ConfigMap, DRA) are skipped when absent or
+forbidden; a warning says so. `read_live` lists everything once (`gpudefrag diagnose --kube`); a long-lived
+process (the controller) keeps the same lists current with watches instead (watch.py, `WatchCache`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import InputError
+from ...fileio import bulk_allocation
 from .convert import KubeCluster, to_cluster
 from .dump import objects_from_documents
 
 # Events that carry scheduling evidence; listing only these keeps the read small on busy clusters.
 EVENT_REASONS = ("FailedScheduling", "NotTriggerScaleUp", "FailedCreate")
+AUTOSCALER_STATUS = ("kube-system", "cluster-autoscaler-status")
 
 
 def api_client(context: str | None = None) -> Any:
@@ -36,83 +42,144 @@ def api_client(context: str | None = None) -> Any:
         raise InputError("kubeconfig", f"context {context}" if context else "", f"cannot load: {e}") from None
 
 
-def _doc(api: Any, kind: str, items: list[Any]) -> dict[str, Any]:
-    out = []
-    for it in items:
-        d = it if isinstance(it, dict) else api.sanitize_for_serialization(it)
-        d.setdefault("kind", kind)
-        out.append(d)
-    return {"apiVersion": "v1", "kind": "List", "items": out}
+@dataclass(frozen=True)
+class Source:
+    """One list the live read makes. `fn` is the client's list function, which also watches (`watch=True`);
+    `optional`: a 403/404 only skips it, with a warning."""
+
+    name: str
+    kind: str
+    fn: Callable[..., Any]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    optional: bool = False
 
 
-def _raw_items(resp: Any) -> list[dict[str, Any]]:
-    """The `items` of a list call made with `_preload_content=False`: the server's JSON as is. Measured against a
-    real API server, building the client's model objects and serialising them back cost ~8 s of CPU for 7,000
-    pods; json.loads costs a fraction of that and gives the same dicts."""
-    import json
-
-    doc = json.loads(resp.data)
-    return list(doc.get("items") or [])
-
-
-def read_live(context: str | None = None, *, api: Any = None, now: Callable[[], float] = time.time) -> KubeCluster:
-    """Observe the cluster now. Network/API failures become an InputError naming the context and the call."""
-    from kubernetes.client.rest import ApiException
-
+def sources(api: Any) -> list[Source]:
+    """What a cycle reads, besides DRA (`dra_sources`) and the autoscaler's ConfigMap (`read_autoscaler_status`)."""
     from kubernetes import client
 
-    api = api or api_client(context)
-    where = f"context {context}" if context else "current context"
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
-    docs: list[tuple[str, Any]] = []
-    warnings: list[str] = []
+    return [
+        Source("nodes", "Node", core.list_node),
+        Source("pods", "Pod", core.list_pod_for_all_namespaces),
+        Source("resourcequotas", "ResourceQuota", core.list_resource_quota_for_all_namespaces),
+        Source("poddisruptionbudgets", "PodDisruptionBudget", policy.list_pod_disruption_budget_for_all_namespaces,
+               optional=True),
+        *(Source(f"events {r}", "Event", core.list_event_for_all_namespaces, {"field_selector": f"reason={r}"},
+                 optional=True) for r in EVENT_REASONS),
+    ]
 
-    def call(what: str, fn: Callable[[], Any], optional: bool = False) -> Any:
+
+def dra_sources(api: Any) -> list[tuple[Source, Source]]:
+    """(resourceslices, resourceclaims) for each DRA API version the client knows, newest first: the first that
+    the server answers is used."""
+    from kubernetes import client
+
+    out = []
+    for version in ("ResourceV1Api", "ResourceV1beta1Api"):
+        cls = getattr(client, version, None)
+        if cls is not None:
+            res = cls(api)
+            out.append((Source("resourceslices", "ResourceSlice", res.list_resource_slice, optional=True),
+                        Source("resourceclaims", "ResourceClaim", res.list_resource_claim_for_all_namespaces,
+                               optional=True)))
+    return out
+
+
+class Caller:
+    """Make API calls for one read: failures become one InputError naming the context and the call; an optional
+    part that is absent or forbidden (403/404) gives None and a warning."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.warnings: list[str] = []
+
+    def __call__(self, what: str, fn: Callable[[], Any], optional: bool = False) -> Any:
+        from kubernetes.client.rest import ApiException
+
         try:
             return fn()
         except ApiException as e:
             if optional and e.status in (403, 404):
-                warnings.append(f"{what}: HTTP {e.status}; skipped")
+                self.warnings.append(f"{what}: HTTP {e.status}; skipped")
                 return None
-            raise InputError("cluster", where, f"{what}: HTTP {e.status} {e.reason}") from None
+            raise InputError("cluster", self.where, f"{what}: HTTP {e.status} {e.reason}") from None
         except Exception as e:  # urllib3 connection errors and the like
-            raise InputError("cluster", where, f"{what}: {e}") from None
+            raise InputError("cluster", self.where, f"{what}: {e}") from None
 
-    raw = {"_preload_content": False}
-    docs.append(("nodes", _doc(api, "Node", _raw_items(call("list nodes", lambda: core.list_node(**raw))))))
-    docs.append(("pods", _doc(api, "Pod", _raw_items(call(
-        "list pods", lambda: core.list_pod_for_all_namespaces(**raw))))))
-    quotas = call("list resourcequotas", core.list_resource_quota_for_all_namespaces)
-    docs.append(("resourcequotas", _doc(api, "ResourceQuota", quotas.items)))
-    pdbs = call("list poddisruptionbudgets", policy.list_pod_disruption_budget_for_all_namespaces, optional=True)
-    if pdbs is not None:
-        docs.append(("poddisruptionbudgets", _doc(api, "PodDisruptionBudget", pdbs.items)))
-    for reason in EVENT_REASONS:
-        ev = call(f"list events {reason}", lambda r=reason: core.list_event_for_all_namespaces(
-            field_selector=f"reason={r}", **raw), optional=True)
-        if ev is not None:
-            docs.append((f"events/{reason}", _doc(api, "Event", _raw_items(ev))))
-    cm = call("read configmap kube-system/cluster-autoscaler-status",
-              lambda: core.read_namespaced_config_map("cluster-autoscaler-status", "kube-system"), optional=True)
-    if cm is not None:
-        docs.append(("configmap", _doc(api, "ConfigMap", [cm])))
-    for version in ("ResourceV1Api", "ResourceV1beta1Api"):
-        cls = getattr(client, version, None)
-        if cls is None:
-            continue
-        res = cls(api)
-        slices = call("list resourceslices", res.list_resource_slice, optional=True)
-        if slices is None:
-            continue
-        claims = call("list resourceclaims", res.list_resource_claim_for_all_namespaces, optional=True)
-        docs.append(("resourceslices", _doc(api, "ResourceSlice", slices.items)))
-        if claims is not None:
-            docs.append(("resourceclaims", _doc(api, "ResourceClaim", claims.items)))
-        break
-    objs = objects_from_documents(docs, f"cluster ({where})")
+    def list(self, src: Source) -> tuple[list[dict[str, Any]], str] | None:
+        """(items with their kind, the list's resourceVersion), or None for a skipped optional part. Parsed from
+        the server's JSON: measured against a real API server, building the client's model objects and
+        serialising them back cost ~8 s of CPU for 7,000 pods; json.loads costs a fraction of that."""
+        resp = self(f"list {src.name}", lambda: src.fn(_preload_content=False, **src.kwargs), src.optional)
+        if resp is None:
+            return None
+        with bulk_allocation():
+            doc = json.loads(resp.data)
+        items = list(doc.get("items") or [])
+        for it in items:
+            it.setdefault("kind", src.kind)  # list items carry no kind; a watch event's object does
+        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def read_autoscaler_status(api: Any, call: Caller) -> dict[str, Any] | None:
+    """The cluster autoscaler's status ConfigMap (one small GET; RBAC grants only `get` on that one name)."""
+    from kubernetes import client
+
+    ns, name = AUTOSCALER_STATUS
+    resp = call(f"read configmap {ns}/{name}", lambda: client.CoreV1Api(api).read_namespaced_config_map(
+        name, ns, _preload_content=False), optional=True)
+    if resp is None:
+        return None
+    cm = json.loads(resp.data)
+    cm.setdefault("kind", "ConfigMap")
+    return dict(cm)
+
+
+def assemble(lists: list[tuple[Source, list[dict[str, Any]]]], configmap: dict[str, Any] | None, call: Caller,
+             now: float) -> KubeCluster:
+    """The `KubeCluster` of what was read (a fresh list or a watch cache's store)."""
+    docs: list[tuple[str, Any]] = [(s.name, {"apiVersion": "v1", "kind": "List", "items": items})
+                                   for s, items in lists]
+    if configmap is not None:
+        docs.append(("configmap", {"apiVersion": "v1", "kind": "List", "items": [configmap]}))
+    objs = objects_from_documents(docs, f"cluster ({call.where})")
     if not objs.nodes:
-        raise InputError("cluster", where, "the cluster reports no nodes")
-    cluster = to_cluster(objs, now=now(), strict=False)
-    if warnings:
-        cluster = dataclasses.replace(cluster, warnings=cluster.warnings + tuple(warnings))
+        raise InputError("cluster", call.where, "the cluster reports no nodes")
+    with bulk_allocation():  # as for a dump: measured, the collector's passes cost as much as the conversion
+        cluster = to_cluster(objs, now=now, strict=False)
+    if call.warnings:
+        cluster = dataclasses.replace(cluster, warnings=cluster.warnings + tuple(call.warnings))
     return cluster
+
+
+def list_all(api: Any, call: Caller) -> list[tuple[Source, list[dict[str, Any]], str]]:
+    """List every source once: (source, items, resourceVersion); skipped optional parts are left out."""
+    out = []
+    for src in sources(api):
+        got = call.list(src)
+        if got is not None:
+            out.append((src, *got))
+    for slices, claims in dra_sources(api):
+        got = call.list(slices)
+        if got is None:
+            continue
+        out.append((slices, *got))
+        got = call.list(claims)
+        if got is not None:
+            out.append((claims, *got))
+        break
+    return out
+
+
+def where_of(context: str | None) -> str:
+    return f"context {context}" if context else "current context"
+
+
+def read_live(context: str | None = None, *, api: Any = None, now: Callable[[], float] = time.time) -> KubeCluster:
+    """Observe the cluster now, with one list of each kind. Network/API failures become an InputError naming
+    the context and the call."""
+    api = api or api_client(context)
+    call = Caller(where_of(context))
+    lists = [(src, items) for src, items, _rv in list_all(api, call)]
+    return assemble(lists, read_autoscaler_status(api, call), call, now())

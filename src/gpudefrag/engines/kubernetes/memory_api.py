@@ -152,6 +152,10 @@ class InMemoryApi:
         pod = self.pods.get((namespace, name))
         if pod is None:
             raise ApiError(404, f'pods "{name}" not found')
+        want = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+        if want and want != pod["metadata"].get("uid"):
+            raise ApiError(409, f"Precondition failed: UID in precondition: {want}, UID in object meta: "
+                           f"{pod['metadata'].get('uid')}")
         if "evict" in self.fail:
             raise ApiError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
         labels = pod["metadata"].get("labels") or {}

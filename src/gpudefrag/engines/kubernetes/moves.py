@@ -296,9 +296,11 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
     ns, pod = info.namespace, info.name
     repl = f"{pod[:46]}-mv-{mid[:6]}"
     ops: list[Op] = [Op(OpKind.VERIFY_TARGET, "GET", f"/api/v1/nodes/{move.target}",
-                        detail=f"target {move.target} exists, schedulable, compatible labels",
+                        detail=f"target {move.target} exists, schedulable, compatible labels; {pod} still runs "
+                               f"on {move.source}",
                         params={"node": move.target, "workload": wid,
-                                "gpus": state.workload(wid).request.gpus_per_node})]
+                                "gpus": state.workload(wid).request.gpus_per_node,
+                                "namespace": ns, "pod": pod, "uid": info.uid, "source": move.source})]
     ops += [Op(OpKind.CHECK_PDB, "GET", f"/apis/policy/v1/namespaces/{p.namespace}/poddisruptionbudgets/{p.name}",
                detail=f"PDB {p.key} will allow the eviction once the replacement is Ready",
                params={"namespace": p.namespace, "name": p.name}) for p in pdbs]
@@ -341,8 +343,9 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
                       detail=f"let ReplicaSet {owner.name if owner else '?'} adopt {repl}",
                       params={"namespace": ns, "pod": repl}, irreversible=True))
     ops.append(Op(OpKind.EVICT_ORIGINAL, "POST", _pod_path(ns, pod, "eviction"),
-                  body={"apiVersion": "policy/v1", "kind": "Eviction",
-                        "metadata": {"name": pod, "namespace": ns}},
+                  body={"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": ns},
+                        # the API server evicts only the pod that was planned, never a namesake made since
+                        **({"deleteOptions": {"preconditions": {"uid": info.uid}}} if info.uid else {})},
                   detail=f"evict {pod} (the API server enforces its PDBs)",
                   params={"namespace": ns, "pod": pod, "uid": info.uid, "missing_ok": strategy == "replicaset"},
                   irreversible=True))
