@@ -10,8 +10,10 @@ from gpudefrag.core.model import MILLI
 from gpudefrag.core.placement import Choice, Pod, get_policy
 from gpudefrag.sim.pool_repack import bins_needed
 from gpudefrag.sim.repack import ChainRepacker
-from gpudefrag.sim.replay import MoveStats
+from gpudefrag.sim.replay import MoveStats, replay
+from gpudefrag.sim.trace import fgd_mix
 
+from .conftest import make_cluster
 from .test_repack import _consistent, _setup, _snapshot
 
 POL = get_policy("bestfit")
@@ -149,3 +151,43 @@ def test_the_pool_bin_bound_sees_what_total_share_does_not():
     assert bins_needed([600, 600, 600, 400, 400, 400]) == 3
     assert bins_needed([600, 600, 600, 500]) == 4
     assert bins_needed([510] * 4) == 4
+
+
+def test_pool_repacks_give_the_same_moves_every_time_and_read_no_clock(monkeypatch):
+    # a small saturated replay whose rescues need pool repacks: run twice, the same moves in the same order; and
+    # no solve has a wall-clock limit (which a loaded machine would hit first, changing the result)
+    import gpudefrag.sim.pool_repack as pr
+
+    params, found = [], []
+    real_solve = pr.cp_model.CpSolver.solve
+
+    def solve(self, model, *a):
+        params.append(self.parameters)
+        st = real_solve(self, model, *a)
+        found.append(st in (pr.cp_model.OPTIMAL, pr.cp_model.FEASIBLE))
+        return st
+
+    monkeypatch.setattr(pr.cp_model.CpSolver, "solve", solve)
+    rng = np.random.default_rng(3)
+    sizes = [230, 320, 470, 650, 590, MILLI]
+    pods = [Pod(1, int(sizes[i]), int(rng.integers(1, 6)) * 1000) for i in rng.integers(len(sizes), size=120)]
+
+    def run():
+        d = ChainRepacker(budget=0.5, cpu_relief=False, depth=0)
+        moves = []
+        orig = d._commit
+
+        def commit(*a):
+            orig(*a)
+            moves.extend(d.last_moved)
+
+        d._commit = commit
+        res = replay(make_cluster([[MILLI] * 4] * 6, cpu=[24_000] * 6, mix=fgd_mix(pods)), pods, "fgd", seed=3,
+                     defrag=d)
+        return moves, res.placed.tolist(), res.alloc_pct.tolist()
+
+    first = run()
+    assert any(found) and first[0]  # the pool stage rescued pods
+    assert run() == first
+    assert all(p.max_time_in_seconds == pr.cp_model.CpSolver().parameters.max_time_in_seconds
+               and p.max_deterministic_time > 0 and p.num_workers == 1 for p in params)

@@ -82,12 +82,13 @@ def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
     return [(int(rows[i]), int(cols[i])) for i in picked[:pool]]
 
 
-def pool_repack(s: _Search, pod: Pod, pool: int, time_limit: float, movable: Callable[[Pod], bool] | None = None,
+def pool_repack(s: _Search, pod: Pod, pool: int, dtime: float, movable: Callable[[Pod], bool] | None = None,
                 memo: dict | None = None) -> Choice | None:
     """Place the one-GPU `pod` by repacking the pool's sharing pods; None (nothing changed) if CP-SAT finds no
-    assignment within the move limit and `time_limit` seconds. `memo` remembers the pools that failed: a pod at
-    least as large (share, CPU, memory) is not tried again on an unchanged pool (the saturated tail of a replay
-    fails thousands of pods on the same pool)."""
+    assignment within the move limit and `dtime` of CP-SAT's deterministic time (≈ seconds on a quiet core, the
+    same work on a busy one). `memo` remembers the pools that failed: a pod at least as large (share, CPU,
+    memory) is not tried again on an unchanged pool (the saturated tail of a replay fails thousands of pods on the
+    same pool)."""
     if pod.num_gpu != 1:
         return None
     cl = s.cl
@@ -102,7 +103,7 @@ def pool_repack(s: _Search, pod: Pod, pool: int, time_limit: float, movable: Cal
                pod.gpu_models, s.limit - len(s.orig))
         if covered(dims, memo.get(key, ())):
             return None
-    ch = _pool_repack(s, pod, bins, time_limit, movable)
+    ch = _pool_repack(s, pod, bins, dtime, movable)
     if ch is None and memo is not None:
         if len(memo) > 4096:
             memo.clear()
@@ -110,7 +111,7 @@ def pool_repack(s: _Search, pod: Pod, pool: int, time_limit: float, movable: Cal
     return ch
 
 
-def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: float,
+def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], dtime: float,
                  movable: Callable[[Pod], bool] | None) -> Choice | None:
     cl = s.cl
     items: list[int] = []  # pids
@@ -138,7 +139,7 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: 
     potential = {n: relief_potential(s, n, mine[n], frozenset(nodes), twins) for n in nodes}
     no_deficit: set[int] = set()
     for _ in range(3):
-        sol = _solve(s, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential, no_deficit, time_limit)
+        sol = _solve(s, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential, no_deficit, dtime)
         if sol is None:
             return None
         dest, deficit = sol
@@ -172,7 +173,7 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: 
 
 
 def _solve(s: _Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential: dict[int, int],
-           no_deficit: set[int], time_limit: float) -> tuple[list[int], dict[int, int]] | None:
+           no_deficit: set[int], dtime: float) -> tuple[list[int], dict[int, int]] | None:
     """CP-SAT: every pod on one pool GPU, GPUs within 1000 milli, memory within each node's, CPU within each
     node's plus a deficit (CPU relief must free it; each core of it costs a quarter move), fewest moves."""
     cl = s.cl
@@ -211,10 +212,11 @@ def _solve(s: _Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, po
         if (i, cur[i]) in x:
             m.add_hint(x[i, cur[i]], 1)
     solver = cp_model.CpSolver()
-    # deterministic work units, not wall time: the same replay gives the same result on a busy machine
-    solver.parameters.max_deterministic_time = time_limit
-    solver.parameters.max_time_in_seconds = 10 * time_limit
+    # deterministic work units only, no wall-clock cap, one worker, a fixed seed: the same replay gives the same
+    # moves on a quiet or a loaded machine (a wall cap cut calls short under load and changed results)
+    solver.parameters.max_deterministic_time = dtime
     solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
     st = solver.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

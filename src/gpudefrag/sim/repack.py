@@ -153,7 +153,7 @@ class ChainRepacker:
     targets: int = 6  # nodes (or GPUs) tried for the failing pod itself
     cpu_relief: bool = True  # first try freeing CPU on a node whose GPUs fit (sim/cpu_relief.py)
     pool: int = 16  # last, an exact repack of this many partly used GPUs (sim/pool_repack.py); 0 = off
-    pool_seconds: float = 0.3  # CP-SAT limit per pool repack, in deterministic time units (≈ seconds)
+    pool_dtime: float = 0.3  # CP-SAT work limit per pool repack, deterministic time units (no wall clock)
     scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
     movable: Callable[[Pod], bool] | None = None
     cost_model: CostModel | None = None
@@ -207,7 +207,7 @@ class ChainRepacker:
         return _attempt(s, lambda: relieve(s, pod, self.targets, self.movable))
 
     def _pool(self, s: _Search, pod: Pod) -> Choice | None:
-        return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_seconds, self.movable, self._pool_memo))
+        return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_dtime, self.movable, self._pool_memo))
 
     def _try(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
         try:
