@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpudefrag.core.model import MILLI
 from gpudefrag.core.placement import Choice, Pod, get_policy
-from gpudefrag.sim.pool_repack import bins_needed
+from gpudefrag.sim.pool_repack import bins_needed, shares_fit
 from gpudefrag.sim.repack import ChainRepacker
 from gpudefrag.sim.replay import MoveStats, replay
 from gpudefrag.sim.trace import fgd_mix
@@ -144,6 +144,22 @@ def _fewest_bins(sizes: list[int], cap: int = MILLI) -> int:
 @given(st.lists(st.integers(1, 10).map(lambda k: 100 * k), min_size=1, max_size=7))
 def test_the_pool_bin_bound_never_exceeds_the_fewest_gpus(sizes):
     assert bins_needed(sizes) <= _fewest_bins(sizes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([230, 320, 370, 460, 470, 550, 590, 650, 810, MILLI]), min_size=1, max_size=8))
+def test_the_pool_pre_check_never_refuses_shares_that_fit(sizes):
+    # the pre-check that spares CP-SAT is sound: whenever the shares pack into b GPUs it says they may
+    fewest = _fewest_bins(sizes)
+    assert shares_fit(tuple(sorted(sizes)), fewest)
+
+
+def test_the_pool_pre_check_sees_what_counting_does_not():
+    # L2 says 3 GPUs, but 4 are needed (beside each 650 fits one 320 or 230, leaving ≥ 1010 milli for the
+    # third GPU): the arc-flow LP proves it, so CP-SAT is not asked
+    sizes = [230, 320, 320, 320, 460, 650, 650]
+    assert bins_needed(sizes) == 3 == _fewest_bins(sizes) - 1
+    assert not shares_fit(tuple(sorted(sizes)), 3) and shares_fit(tuple(sorted(sizes)), 4)
 
 
 def test_the_pool_bin_bound_sees_what_total_share_does_not():

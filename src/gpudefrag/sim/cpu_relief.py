@@ -10,9 +10,10 @@ and 20 more GPUs' worth of free shares). The same FGD run with unlimited CPU end
 - a GPU pod of the node swaps places with a pod of the same GPU shape that asks for less CPU, on a node with
   the CPU to spare (2 moves): every GPU stays exactly as full as it was, only CPU changes nodes.
 
-Greedy: the action that covers the shortfall with the fewest moves, else the one that frees the most per move,
-until the pod fits. Destinations prefer nodes with the least free GPU (CPU parked there strands nothing).
-Everything goes through `_Search`, so a relief that does not reach its goal is undone exactly.
+Greedy: the action that covers the shortfall with the fewest moves, else the one that frees the most per move
+(ties: the fewest checkpoint bytes), until the pod fits. Destinations prefer nodes with the least free GPU (CPU
+parked there strands nothing). Everything goes through `_Search`, so a relief that does not reach its goal is
+undone exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.placement import Choice, Pod, gpus_for
+from .costs import checkpoint_bytes
 
 if TYPE_CHECKING:
     from .repack import _Search
@@ -135,7 +137,8 @@ def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins:
             covers = gain_cpu >= need_cpu and gain_mem >= need_mem
             frac = (min(gain_cpu, need_cpu) / need_cpu if need_cpu > 0 else 0.0) + (
                 min(gain_mem, need_mem) / need_mem if need_mem > 0 else 0.0)
-            key = (0 if covers else 1, moves if covers else -frac / moves)
+            # among equally good actions, the one that writes the fewest checkpoint bytes
+            key = (0 if covers else 1, moves if covers else -frac / moves, _bytes(s, pid, plan))
             if best is None or key < best[0]:
                 best = (key, (pid, plan))
         if best is None:
@@ -146,6 +149,15 @@ def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins:
         if plan[0] == "swap":
             twins.clear()
             twins.update(twins_of(s))
+
+
+def _bytes(s: _Search, pid: int, plan: tuple) -> float:
+    """Checkpoint bytes the action writes: the pod's, and its twin's for a swap."""
+    out = 0.0
+    for p in (pid, plan[1]) if plan[0] == "swap" else (pid,):
+        q, ch = s.placed.pods[int(p)]
+        out += checkpoint_bytes(q, s.cl.models[ch.node])
+    return out
 
 
 def _dest_order(cl, nodes: np.ndarray) -> np.ndarray:

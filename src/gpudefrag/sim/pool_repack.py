@@ -20,7 +20,9 @@ exact undo apply.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,6 +30,8 @@ from ortools.sat.python import cp_model
 
 from ..core.model import MILLI
 from ..core.placement import Choice, Pod
+from .bound import shares_may_fit
+from .costs import GIB, checkpoint_bytes
 from .cpu_relief import make_room, relief_potential, twins_of
 
 if TYPE_CHECKING:
@@ -53,6 +57,15 @@ def bins_needed(sizes: list[int], cap: int = MILLI) -> int:
         room = len(mid) * cap - sum(mid)
         best = max(best, big + len(mid) + max(0, -(-(small - room) // cap)))
     return best
+
+
+@lru_cache(maxsize=4096)
+def shares_fit(sizes: tuple[int, ...], bins: int) -> bool:
+    """False when items of these shares provably cannot all go into `bins` GPUs, whatever CPU, memory or the move
+    limit allow: Martello and Toth's L2 first (counting), then the arc-flow LP (sim/bound.py). About two thirds
+    of the pools CP-SAT was asked to repack in a saturated replay fail this way, and CP-SAT, unable to prove
+    it in its time limit, spent its whole limit on each. A pure function of the multiset of shares: cached."""
+    return bins_needed(list(sizes)) <= bins and shares_may_fit(dict(Counter(sizes)), bins)
 
 
 def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
@@ -83,12 +96,13 @@ def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
 
 
 def pool_repack(s: _Search, pod: Pod, pool: int, dtime: float, movable: Callable[[Pod], bool] | None = None,
-                memo: dict | None = None) -> Choice | None:
+                memo: dict | None = None, gib_cap: float = 0.0) -> Choice | None:
     """Place the one-GPU `pod` by repacking the pool's sharing pods; None (nothing changed) if CP-SAT finds no
     assignment within the move limit and `dtime` of CP-SAT's deterministic time (≈ seconds on a quiet core, the
     same work on a busy one). `memo` remembers the pools that failed: a pod at least as large (share, CPU,
     memory) is not tried again on an unchanged pool (the saturated tail of a replay fails thousands of pods on the
-    same pool)."""
+    same pool). `gib_cap` > 0 (a move price): the moved pods' checkpoints may total at most that many GiB, and
+    the repack moving the fewest bytes (not the fewest pods) is sought."""
     if pod.num_gpu != 1:
         return None
     cl = s.cl
@@ -100,10 +114,10 @@ def pool_repack(s: _Search, pod: Pod, pool: int, dtime: float, movable: Callable
     if memo is not None:
         nodes_ = sorted({n for n, _ in bins})
         key = (tuple(bins), tuple(int(cl.free[n, g]) for n, g in bins), tuple(int(cl.cpu_free[n]) for n in nodes_),
-               pod.gpu_models, s.limit - len(s.orig))
+               pod.gpu_models, s.limit - len(s.orig), gib_cap)
         if covered(dims, memo.get(key, ())):
             return None
-    ch = _pool_repack(s, pod, bins, dtime, movable)
+    ch = _pool_repack(s, pod, bins, dtime, movable, gib_cap)
     if ch is None and memo is not None:
         if len(memo) > 4096:
             memo.clear()
@@ -112,7 +126,7 @@ def pool_repack(s: _Search, pod: Pod, pool: int, dtime: float, movable: Callable
 
 
 def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], dtime: float,
-                 movable: Callable[[Pod], bool] | None) -> Choice | None:
+                 movable: Callable[[Pod], bool] | None, gib_cap: float) -> Choice | None:
     cl = s.cl
     items: list[int] = []  # pids
     cur: list[int] = []
@@ -132,14 +146,15 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], dtime: float
         cpu_budget[ch.node] += p.cpu_milli
         mem_budget[ch.node] += p.memory_mib
     pods = [s.placed.pods[pid][0] for pid in items] + [pod]
-    if bins_needed([p.gpu_milli for p in pods]) > len(bins):
+    if not shares_fit(tuple(sorted(p.gpu_milli for p in pods)), len(bins)):
         return None  # the shares alone do not pack into the pool's GPUs: no CP-SAT needed to say so
     twins = twins_of(s)
     mine = {n: {g for nn, g in bins if nn == n} for n in nodes}  # each node's pool GPUs: relief leaves them be
     potential = {n: relief_potential(s, n, mine[n], frozenset(nodes), twins) for n in nodes}
     no_deficit: set[int] = set()
     for _ in range(3):
-        sol = _solve(s, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential, no_deficit, dtime)
+        sol = _solve(s, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential, no_deficit, dtime,
+                     gib_cap)
         if sol is None:
             return None
         dest, deficit = sol
@@ -173,9 +188,10 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], dtime: float
 
 
 def _solve(s: _Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential: dict[int, int],
-           no_deficit: set[int], dtime: float) -> tuple[list[int], dict[int, int]] | None:
+           no_deficit: set[int], dtime: float, gib_cap: float = 0.0) -> tuple[list[int], dict[int, int]] | None:
     """CP-SAT: every pod on one pool GPU, GPUs within 1000 milli, memory within each node's, CPU within each
-    node's plus a deficit (CPU relief must free it; each core of it costs a quarter move), fewest moves."""
+    node's plus a deficit (CPU relief must free it; each core of it costs a quarter move), fewest moves; with a
+    `gib_cap`, moved checkpoints within it and fewest bytes (a core of deficit costs 2.5 GiB)."""
     cl = s.cl
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
@@ -207,7 +223,15 @@ def _solve(s: _Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, po
     stay = [x[i, cur[i]] for i in range(len(items)) if (i, cur[i]) in x]
     limit = s.limit - len(s.orig)
     m.add(sum(stay) >= len(items) - limit)
-    m.minimize(4000 * (len(items) - sum(stay)) + sum(deficit.values()))
+    if gib_cap > 0:
+        # tenths of a GiB; 40 per tenth makes a core of deficit (1000) worth 2.5 GiB
+        tenths = [round(10 * checkpoint_bytes(pods[i], cl.models[bins[cur[i]][0]]) / GIB)
+                  for i in range(len(items))]
+        moved = [(1 - x[i, cur[i]]) if (i, cur[i]) in x else 1 for i in range(len(items))]
+        m.add(sum(t * v for t, v in zip(tenths, moved, strict=True)) <= int(10 * gib_cap))
+        m.minimize(40 * sum(t * v for t, v in zip(tenths, moved, strict=True)) + sum(deficit.values()))
+    else:
+        m.minimize(4000 * (len(items) - sum(stay)) + sum(deficit.values()))
     for i in range(len(items)):
         if (i, cur[i]) in x:
             m.add_hint(x[i, cur[i]], 1)

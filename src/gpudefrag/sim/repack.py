@@ -207,7 +207,9 @@ class ChainRepacker:
         return _attempt(s, lambda: relieve(s, pod, self.targets, self.movable))
 
     def _pool(self, s: _Search, pod: Pod) -> Choice | None:
-        return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_dtime, self.movable, self._pool_memo))
+        cap = self.gib_per_gpu * pod.gpu_total / MILLI
+        return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_dtime, self.movable, self._pool_memo,
+                                               cap))
 
     def _try(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
         try:
