@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -207,3 +208,21 @@ def test_pool_repacks_give_the_same_moves_every_time_and_read_no_clock(monkeypat
     assert run() == first
     assert all(p.max_time_in_seconds == pr.cp_model.CpSolver().parameters.max_time_in_seconds
                and p.max_deterministic_time > 0 and p.num_workers == 1 for p in params)
+
+
+def test_a_priced_pool_repack_moves_the_cheapest_checkpoints_or_nothing():
+    # the pool above, with G1's 500-milli pod holding 100 GiB of host memory: every 3-move repack either moves it
+    # (≥ 116 GiB; the fewest-moves repack does) or moves the other 500 and both 300s (16 + 9.6 + 9.6 = 35.2 GiB
+    # on the default 32 GiB GPU)
+    pods = list(POOL)
+    pods[2] = (Pod(1, 500, 0, 100 * 1024), POOL[2][1])
+    cl, placed = _setup([[MILLI] * 3], pods)
+    ch, stats = _rescue(ChainRepacker(budget=10, pool=8, gib_per_gpu=40), cl, Pod(1, MILLI), placed)
+    assert ch is not None and stats.moves == 3 and placed.pods[2][1] == POOL[2][1]  # the heavy pod stayed
+    assert stats.moved_bytes / 2**30 == pytest.approx(35.2)
+    assert _consistent(cl, placed, [(Pod(1, MILLI), ch)])
+    cl, placed = _setup([[MILLI] * 3], pods)
+    before = _snapshot(cl, placed)
+    assert _rescue(ChainRepacker(budget=10, pool=8, gib_per_gpu=30), cl, Pod(1, MILLI), placed)[0] is None
+    assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+               for a, b in zip(before, _snapshot(cl, placed), strict=True))

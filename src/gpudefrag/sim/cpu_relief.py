@@ -45,9 +45,11 @@ def slot_nodes(s: _Search, pod: Pod, limit: int) -> list[int]:
     return [int(n) for n in nodes[np.argsort(short, kind="stable")][:limit]]
 
 
-def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] | None = None) -> Choice | None:
+def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] | None = None,
+            gib_cap: float = 0.0) -> Choice | None:
     """Place `pod` on one of the `targets` best slot nodes after moving CPU off it; None (all undone) if none
-    works within the search's move limit. May raise `_Abort` (the caller undoes)."""
+    works within the search's move limit (and, `gib_cap` > 0, writing at most that many GiB of checkpoints, the
+    cheapest actions in bytes first). May raise `_Abort` (the caller undoes)."""
     if pod.num_gpu == 0:
         return None
     nodes = slot_nodes(s, pod, targets)
@@ -57,7 +59,8 @@ def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] |
     for n in nodes:
         m = s.mark()
         gpus = gpus_for(s.cl, n, pod, "best", s.rng)
-        if make_room(s, n, pod.cpu_milli, pod.memory_mib, set(gpus), twins, movable=movable):
+        if (make_room(s, n, pod.cpu_milli, pod.memory_mib, set(gpus), twins, movable=movable, by_bytes=gib_cap > 0)
+                and (gib_cap <= 0 or s.moved_gib() <= gib_cap)):
             ch = Choice(n, gpus)
             s.put_new(pod, ch)
             return ch
@@ -111,9 +114,11 @@ def relief_potential(s: _Search, n: int, reserved: set[int], avoid: frozenset[in
 
 
 def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins: Twins | None = None,
-              avoid: frozenset[int] = frozenset(), movable: Callable[[Pod], bool] | None = None) -> bool:
+              avoid: frozenset[int] = frozenset(), movable: Callable[[Pod], bool] | None = None,
+              by_bytes: bool = False) -> bool:
     """Move CPU and memory off node n until it has `cpu` and `mem` free. Pods on the `reserved` GPUs of n stay;
-    nothing is moved onto (or swapped with a pod on) the `avoid` nodes; only `movable` pods move."""
+    nothing is moved onto (or swapped with a pod on) the `avoid` nodes; only `movable` pods move. `by_bytes`
+    (moves have a price): weigh actions by the checkpoint bytes they write instead of by their moves."""
     cl = s.cl
     if twins is None:
         twins = twins_of(s)
@@ -137,8 +142,11 @@ def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins:
             covers = gain_cpu >= need_cpu and gain_mem >= need_mem
             frac = (min(gain_cpu, need_cpu) / need_cpu if need_cpu > 0 else 0.0) + (
                 min(gain_mem, need_mem) / need_mem if need_mem > 0 else 0.0)
-            # among equally good actions, the one that writes the fewest checkpoint bytes
-            key = (0 if covers else 1, moves if covers else -frac / moves, _bytes(s, pid, plan))
+            nbytes = _bytes(s, pid, plan)
+            if by_bytes:
+                key = (0 if covers else 1, nbytes if covers else -frac / max(nbytes, 1.0), 0.0)
+            else:  # among equally good actions, the one that writes the fewest checkpoint bytes
+                key = (0 if covers else 1, moves if covers else -frac / moves, nbytes)
             if best is None or key < best[0]:
                 best = (key, (pid, plan))
         if best is None:

@@ -165,7 +165,7 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], dtime: float
         for n in deficit:
             use = sum(pods[i].cpu_milli for i in range(len(pods)) if bins[dest[i]][0] == n)
             here = sum(pods[i].cpu_milli for i in range(len(items)) if bins[cur[i]][0] == n)
-            if not make_room(s, n, use - here, 0, mine[n], twins, frozenset(nodes), movable):
+            if not make_room(s, n, use - here, 0, mine[n], twins, frozenset(nodes), movable, gib_cap > 0):
                 no_deficit.add(n)
                 ok = False
                 break

@@ -130,6 +130,11 @@ class _Search:
     def moved(self) -> list[int]:
         return [p for p, ch in self.orig.items() if self.placed.pods[p][1] != ch]
 
+    def moved_gib(self) -> float:
+        """Checkpoint GiB the search's moves would write (sim/costs.py's size model)."""
+        return sum(checkpoint_bytes(self.placed.pods[p][0], self.cl.models[self.orig[p].node])
+                   for p in self.moved()) / GIB
+
     # ------------------------------------------------------------------ queries
     def items(self, n: int, g: int) -> list[int]:
         """Sharing pods on GPU g of node n (not ejected)."""
@@ -197,19 +202,23 @@ class ChainRepacker:
                 self._failed.setdefault(key, []).append(dims)
         if self.check_clearable and pod.num_gpu > 1:
             s = _Search(cl, placed, policy, rng, BIG)
-            if ((self.cpu_relief and self._relieve(s, pod) is not None)
+            if ((self.cpu_relief and self._relieve(s, pod, priced=False) is not None)
                     or self._try(s, pod, priced=False) is not None):
                 stats.multi_gpu_failed_clearable += 1
             s.undo()
         return None
 
-    def _relieve(self, s: _Search, pod: Pod) -> Choice | None:
-        return _attempt(s, lambda: relieve(s, pod, self.targets, self.movable))
+    def _relieve(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
+        cap = self._gib_cap(pod) if priced else 0.0
+        return _attempt(s, lambda: relieve(s, pod, self.targets, self.movable, cap))
 
     def _pool(self, s: _Search, pod: Pod) -> Choice | None:
-        cap = self.gib_per_gpu * pod.gpu_total / MILLI
         return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_dtime, self.movable, self._pool_memo,
-                                               cap))
+                                               self._gib_cap(pod)))
+
+    def _gib_cap(self, pod: Pod) -> float:
+        """The checkpoint GiB a rescue of `pod` may write (0: moves are free)."""
+        return self.gib_per_gpu * pod.gpu_total / MILLI
 
     def _try(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
         try:
@@ -225,13 +234,9 @@ class ChainRepacker:
         s.undo()
         return None
 
-    def moved_gib(self, s: _Search) -> float:
-        """Checkpoint GiB the search's moves would write (sim/costs.py's size model)."""
-        return sum(checkpoint_bytes(s.placed.pods[p][0], s.cl.models[s.orig[p].node]) for p in s.moved()) / GIB
-
     def _worth_it(self, s: _Search, pod: Pod) -> bool:
         """Is placing `pod` worth the moves: at most `gib_per_gpu` GiB of checkpoints per GPU it places."""
-        return self.gib_per_gpu <= 0 or self.moved_gib(s) <= self.gib_per_gpu * pod.gpu_total / MILLI
+        return self.gib_per_gpu <= 0 or s.moved_gib() <= self._gib_cap(pod)
 
     # ------------------------------------------------------------------ targets
     def _movable(self, s: _Search, pid: int) -> bool:
