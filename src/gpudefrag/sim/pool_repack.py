@@ -86,6 +86,8 @@ def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
         n, g = int(rows[i]), int(cols[i])
         key = tuple(sorted(s.placed.pods[p][0].gpu_milli for p in s.placed.on(n, g)))
         classes.setdefault(key, []).append(int(i))
+        if len(classes) >= pool:
+            break  # the first GPU of each of `pool` contents already fills the pool: the rest is not read
     picked: list[int] = []
     queues = list(classes.values())
     depth = 0
