@@ -8,7 +8,8 @@ free, of as many different contents as possible (twenty 590 + 230 GPUs can never
 and asks CP-SAT for an assignment of their pods plus the failing pod to those GPUs that respects every GPU's
 1000 milli, every node's memory and every pod's GPU models, with the fewest pods changing GPU (at most the
 search's move limit). The failing pod is one GPU: a sharing pod, or a
-whole one-GPU pod (size 1000, so its GPU must be emptied).
+whole one-GPU pod (size 1000, so its GPU must be emptied). Pools whose shares provably cannot pack (the arc-flow
+LP) are refused before CP-SAT, and CP-SAT runs on deterministic time only, so a replay is reproducible.
 
 CPU is what blocks most repacks: the GPUs with the most share free are free *because* their nodes' CPU is
 exhausted. So a node may go over its CPU budget by a deficit that CPU relief (`sim/cpu_relief.py`: moving

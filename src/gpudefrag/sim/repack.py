@@ -158,7 +158,7 @@ class ChainRepacker:
     targets: int = 6  # nodes (or GPUs) tried for the failing pod itself
     cpu_relief: bool = True  # first try freeing CPU on a node whose GPUs fit (sim/cpu_relief.py)
     pool: int = 16  # last, an exact repack of this many partly used GPUs (sim/pool_repack.py); 0 = off
-    pool_dtime: float = 0.3  # CP-SAT work limit per pool repack, deterministic time units (no wall clock)
+    pool_dtime: float = 0.15  # CP-SAT work limit per pool repack, deterministic time units (no wall clock)
     scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
     movable: Callable[[Pod], bool] | None = None
     cost_model: CostModel | None = None
