@@ -27,7 +27,8 @@ moves find nothing). `ChainRepacker` tries three things in turn, cheapest first:
 
 A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. A move
 price (`gib_per_gpu`) makes it weigh what the moves cost: a rescue may write at most that many GiB of checkpoints
-(sim/costs.py's size model) per GPU it places; a dearer one is undone and the next stage (or target) tried.
+(sim/costs.py's size model) per GPU it places; a dearer one is undone and the next stage (or target) tried,
+and relief and the pool repack then look for the rescue that writes the fewest bytes, not the fewest moves.
 Moves are priced by core.cost, as the planner prices them. Multi-GPU
 pods that fail are checked once more with unlimited moves (not applied) and counted in
 `MoveStats.multi_gpu_failed_clearable` when relief or a repack could have placed them.
