@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudefrag.core.model import MILLI
 from gpudefrag.core.placement import Choice, Pod, get_policy
-from gpudefrag.sim.pool_repack import bins_needed
+from gpudefrag.sim.pool_repack import bins_needed, shares_fit
 from gpudefrag.sim.repack import ChainRepacker
-from gpudefrag.sim.replay import MoveStats
+from gpudefrag.sim.replay import MoveStats, replay
+from gpudefrag.sim.trace import fgd_mix
 
+from .conftest import make_cluster
 from .test_repack import _consistent, _setup, _snapshot
 
 POL = get_policy("bestfit")
@@ -144,8 +147,82 @@ def test_the_pool_bin_bound_never_exceeds_the_fewest_gpus(sizes):
     assert bins_needed(sizes) <= _fewest_bins(sizes)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([230, 320, 370, 460, 470, 550, 590, 650, 810, MILLI]), min_size=1, max_size=8))
+def test_the_pool_pre_check_never_refuses_shares_that_fit(sizes):
+    # the pre-check that spares CP-SAT is sound: whenever the shares pack into b GPUs it says they may
+    fewest = _fewest_bins(sizes)
+    assert shares_fit(tuple(sorted(sizes)), fewest)
+
+
+def test_the_pool_pre_check_sees_what_counting_does_not():
+    # L2 says 3 GPUs, but 4 are needed (beside each 650 fits one 320 or 230, leaving ≥ 1010 milli for the
+    # third GPU): the arc-flow LP proves it, so CP-SAT is not asked
+    sizes = [230, 320, 320, 320, 460, 650, 650]
+    assert bins_needed(sizes) == 3 == _fewest_bins(sizes) - 1
+    assert not shares_fit(tuple(sorted(sizes)), 3) and shares_fit(tuple(sorted(sizes)), 4)
+
+
 def test_the_pool_bin_bound_sees_what_total_share_does_not():
     # 4 × 510 milli: the total (2040) says 3 GPUs, but no two share one: 4
     assert bins_needed([600, 600, 600, 400, 400, 400]) == 3
     assert bins_needed([600, 600, 600, 500]) == 4
     assert bins_needed([510] * 4) == 4
+
+
+def test_pool_repacks_give_the_same_moves_every_time_and_read_no_clock(monkeypatch):
+    # a small saturated replay whose rescues need pool repacks: run twice, the same moves in the same order; and
+    # no solve has a wall-clock limit (which a loaded machine would hit first, changing the result)
+    import gpudefrag.sim.pool_repack as pr
+
+    params, found = [], []
+    real_solve = pr.cp_model.CpSolver.solve
+
+    def solve(self, model, *a):
+        params.append(self.parameters)
+        st = real_solve(self, model, *a)
+        found.append(st in (pr.cp_model.OPTIMAL, pr.cp_model.FEASIBLE))
+        return st
+
+    monkeypatch.setattr(pr.cp_model.CpSolver, "solve", solve)
+    rng = np.random.default_rng(3)
+    sizes = [230, 320, 470, 650, 590, MILLI]
+    pods = [Pod(1, int(sizes[i]), int(rng.integers(1, 6)) * 1000) for i in rng.integers(len(sizes), size=120)]
+
+    def run():
+        d = ChainRepacker(budget=0.5, cpu_relief=False, depth=0)
+        moves = []
+        orig = d._commit
+
+        def commit(*a):
+            orig(*a)
+            moves.extend(d.last_moved)
+
+        d._commit = commit
+        res = replay(make_cluster([[MILLI] * 4] * 6, cpu=[24_000] * 6, mix=fgd_mix(pods)), pods, "fgd", seed=3,
+                     defrag=d)
+        return moves, res.placed.tolist(), res.alloc_pct.tolist()
+
+    first = run()
+    assert any(found) and first[0]  # the pool stage rescued pods
+    assert run() == first
+    assert all(p.max_time_in_seconds == pr.cp_model.CpSolver().parameters.max_time_in_seconds
+               and p.max_deterministic_time > 0 and p.num_workers == 1 for p in params)
+
+
+def test_a_priced_pool_repack_moves_the_cheapest_checkpoints_or_nothing():
+    # the pool above, with G1's 500-milli pod holding 100 GiB of host memory: every 3-move repack either moves it
+    # (≥ 116 GiB; the fewest-moves repack does) or moves the other 500 and both 300s (16 + 9.6 + 9.6 = 35.2 GiB
+    # on the default 32 GiB GPU)
+    pods = list(POOL)
+    pods[2] = (Pod(1, 500, 0, 100 * 1024), POOL[2][1])
+    cl, placed = _setup([[MILLI] * 3], pods)
+    ch, stats = _rescue(ChainRepacker(budget=10, pool=8, gib_per_gpu=40), cl, Pod(1, MILLI), placed)
+    assert ch is not None and stats.moves == 3 and placed.pods[2][1] == POOL[2][1]  # the heavy pod stayed
+    assert stats.moved_bytes / 2**30 == pytest.approx(35.2)
+    assert _consistent(cl, placed, [(Pod(1, MILLI), ch)])
+    cl, placed = _setup([[MILLI] * 3], pods)
+    before = _snapshot(cl, placed)
+    assert _rescue(ChainRepacker(budget=10, pool=8, gib_per_gpu=30), cl, Pod(1, MILLI), placed)[0] is None
+    assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+               for a, b in zip(before, _snapshot(cl, placed), strict=True))

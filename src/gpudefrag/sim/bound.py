@@ -85,9 +85,9 @@ def lower_bound(pods: Sequence[Pod], gpus: int, time_limit_s: float = 20.0) -> B
                        optimal, arrived)
 
 
-def _pack_sharing(sizes: dict[int, int], bins: int, time_limit_s: float) -> tuple[float, float, bool]:
-    """Max milli of sharing items packed into `bins` GPUs (arc-flow ILP): (ILP value or dual bound, LP value,
-    proven optimal)."""
+def _arc_flow(sizes: dict[int, int], bins: int) -> tuple[np.ndarray, list[LinearConstraint], Bounds]:
+    """The arc-flow program for packing `sizes` (milli → count) into `bins` GPUs: (objective, constraints,
+    bounds) with the objective minimising −packed milli."""
     step = math.gcd(MILLI, *sizes)
     cap = MILLI // step
     kinds = sorted(sizes, reverse=True)
@@ -135,8 +135,25 @@ def _pack_sharing(sizes: dict[int, int], bins: int, time_limit_s: float) -> tupl
         LinearConstraint(a_flow, 0, 0),
         LinearConstraint(a_kind, 0, np.array([sizes[s] for s in kinds], dtype=float)),
     ]
-    lp = milp(c, constraints=cons, bounds=Bounds(0, ub), integrality=np.zeros(nv))
-    res = milp(c, constraints=cons, bounds=Bounds(0, ub), integrality=np.ones(nv),
+    return c, cons, Bounds(0, ub)
+
+
+def shares_may_fit(sizes: dict[int, int], bins: int) -> bool:
+    """False only when items of these shares (milli → count) provably cannot all go into `bins` GPUs: the
+    arc-flow LP relaxation — an upper bound on the milli any packing holds — packs less than their total."""
+    if not sizes:
+        return True
+    c, cons, bounds = _arc_flow(sizes, bins)
+    lp = milp(c, constraints=cons, bounds=bounds, integrality=np.zeros(len(c)))
+    return not lp.success or -float(lp.fun) >= sum(s * n for s, n in sizes.items()) - 0.5
+
+
+def _pack_sharing(sizes: dict[int, int], bins: int, time_limit_s: float) -> tuple[float, float, bool]:
+    """Max milli of sharing items packed into `bins` GPUs (arc-flow ILP): (ILP value or dual bound, LP value,
+    proven optimal)."""
+    c, cons, bounds = _arc_flow(sizes, bins)
+    lp = milp(c, constraints=cons, bounds=bounds, integrality=np.zeros(len(c)))
+    res = milp(c, constraints=cons, bounds=bounds, integrality=np.ones(len(c)),
                options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6})
     lp_val = -float(lp.fun) if lp.success else float(sum(s * n for s, n in sizes.items()))
     if res.status == 0:

@@ -10,9 +10,10 @@ and 20 more GPUs' worth of free shares). The same FGD run with unlimited CPU end
 - a GPU pod of the node swaps places with a pod of the same GPU shape that asks for less CPU, on a node with
   the CPU to spare (2 moves): every GPU stays exactly as full as it was, only CPU changes nodes.
 
-Greedy: the action that covers the shortfall with the fewest moves, else the one that frees the most per move,
-until the pod fits. Destinations prefer nodes with the least free GPU (CPU parked there strands nothing).
-Everything goes through `_Search`, so a relief that does not reach its goal is undone exactly.
+Greedy: the action that covers the shortfall with the fewest moves, else the one that frees the most per move
+(ties: the fewest checkpoint bytes), until the pod fits. Destinations prefer nodes with the least free GPU (CPU
+parked there strands nothing). Everything goes through `_Search`, so a relief that does not reach its goal is
+undone exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.placement import Choice, Pod, gpus_for
+from .costs import checkpoint_bytes
 
 if TYPE_CHECKING:
     from .repack import _Search
@@ -43,9 +45,11 @@ def slot_nodes(s: _Search, pod: Pod, limit: int) -> list[int]:
     return [int(n) for n in nodes[np.argsort(short, kind="stable")][:limit]]
 
 
-def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] | None = None) -> Choice | None:
+def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] | None = None,
+            gib_cap: float = 0.0) -> Choice | None:
     """Place `pod` on one of the `targets` best slot nodes after moving CPU off it; None (all undone) if none
-    works within the search's move limit. May raise `_Abort` (the caller undoes)."""
+    works within the search's move limit (and, `gib_cap` > 0, writing at most that many GiB of checkpoints, the
+    cheapest actions in bytes first). May raise `_Abort` (the caller undoes)."""
     if pod.num_gpu == 0:
         return None
     nodes = slot_nodes(s, pod, targets)
@@ -55,7 +59,8 @@ def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] |
     for n in nodes:
         m = s.mark()
         gpus = gpus_for(s.cl, n, pod, "best", s.rng)
-        if make_room(s, n, pod.cpu_milli, pod.memory_mib, set(gpus), twins, movable=movable):
+        if (make_room(s, n, pod.cpu_milli, pod.memory_mib, set(gpus), twins, movable=movable, by_bytes=gib_cap > 0)
+                and (gib_cap <= 0 or s.moved_gib() <= gib_cap)):
             ch = Choice(n, gpus)
             s.put_new(pod, ch)
             return ch
@@ -109,9 +114,11 @@ def relief_potential(s: _Search, n: int, reserved: set[int], avoid: frozenset[in
 
 
 def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins: Twins | None = None,
-              avoid: frozenset[int] = frozenset(), movable: Callable[[Pod], bool] | None = None) -> bool:
+              avoid: frozenset[int] = frozenset(), movable: Callable[[Pod], bool] | None = None,
+              by_bytes: bool = False) -> bool:
     """Move CPU and memory off node n until it has `cpu` and `mem` free. Pods on the `reserved` GPUs of n stay;
-    nothing is moved onto (or swapped with a pod on) the `avoid` nodes; only `movable` pods move."""
+    nothing is moved onto (or swapped with a pod on) the `avoid` nodes; only `movable` pods move. `by_bytes`
+    (moves have a price): weigh actions by the checkpoint bytes they write instead of by their moves."""
     cl = s.cl
     if twins is None:
         twins = twins_of(s)
@@ -135,7 +142,11 @@ def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins:
             covers = gain_cpu >= need_cpu and gain_mem >= need_mem
             frac = (min(gain_cpu, need_cpu) / need_cpu if need_cpu > 0 else 0.0) + (
                 min(gain_mem, need_mem) / need_mem if need_mem > 0 else 0.0)
-            key = (0 if covers else 1, moves if covers else -frac / moves)
+            nbytes = _bytes(s, pid, plan)
+            if by_bytes:
+                key = (0 if covers else 1, nbytes if covers else -frac / max(nbytes, 1.0), 0.0)
+            else:  # among equally good actions, the one that writes the fewest checkpoint bytes
+                key = (0 if covers else 1, moves if covers else -frac / moves, nbytes)
             if best is None or key < best[0]:
                 best = (key, (pid, plan))
         if best is None:
@@ -146,6 +157,15 @@ def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins:
         if plan[0] == "swap":
             twins.clear()
             twins.update(twins_of(s))
+
+
+def _bytes(s: _Search, pid: int, plan: tuple) -> float:
+    """Checkpoint bytes the action writes: the pod's, and its twin's for a swap."""
+    out = 0.0
+    for p in (pid, plan[1]) if plan[0] == "swap" else (pid,):
+        q, ch = s.placed.pods[int(p)]
+        out += checkpoint_bytes(q, s.cl.models[ch.node])
+    return out
 
 
 def _dest_order(cl, nodes: np.ndarray) -> np.ndarray:

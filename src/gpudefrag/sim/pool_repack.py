@@ -8,7 +8,8 @@ free, of as many different contents as possible (twenty 590 + 230 GPUs can never
 and asks CP-SAT for an assignment of their pods plus the failing pod to those GPUs that respects every GPU's
 1000 milli, every node's memory and every pod's GPU models, with the fewest pods changing GPU (at most the
 search's move limit). The failing pod is one GPU: a sharing pod, or a
-whole one-GPU pod (size 1000, so its GPU must be emptied).
+whole one-GPU pod (size 1000, so its GPU must be emptied). Pools whose shares provably cannot pack (the arc-flow
+LP) are refused before CP-SAT, and CP-SAT runs on deterministic time only, so a replay is reproducible.
 
 CPU is what blocks most repacks: the GPUs with the most share free are free *because* their nodes' CPU is
 exhausted. So a node may go over its CPU budget by a deficit that CPU relief (`sim/cpu_relief.py`: moving
@@ -20,7 +21,9 @@ exact undo apply.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,6 +31,8 @@ from ortools.sat.python import cp_model
 
 from ..core.model import MILLI
 from ..core.placement import Choice, Pod
+from .bound import shares_may_fit
+from .costs import GIB, checkpoint_bytes
 from .cpu_relief import make_room, relief_potential, twins_of
 
 if TYPE_CHECKING:
@@ -55,6 +60,15 @@ def bins_needed(sizes: list[int], cap: int = MILLI) -> int:
     return best
 
 
+@lru_cache(maxsize=4096)
+def shares_fit(sizes: tuple[int, ...], bins: int) -> bool:
+    """False when items of these shares provably cannot all go into `bins` GPUs, whatever CPU, memory or the move
+    limit allow: Martello and Toth's L2 first (counting), then the arc-flow LP (sim/bound.py). About two thirds
+    of the pools CP-SAT was asked to repack in a saturated replay fail this way, and CP-SAT, unable to prove
+    it in its time limit, spent its whole limit on each. A pure function of the multiset of shares: cached."""
+    return bins_needed(list(sizes)) <= bins and shares_may_fit(dict(Counter(sizes)), bins)
+
+
 def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
     """Partly used GPUs with the most share free (a tie: the node with the most CPU free), one of each content
     in turn, leaving out a GPU whose single pod sits beside a piece under 200 milli (an 810-milli pod and its
@@ -73,6 +87,8 @@ def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
         n, g = int(rows[i]), int(cols[i])
         key = tuple(sorted(s.placed.pods[p][0].gpu_milli for p in s.placed.on(n, g)))
         classes.setdefault(key, []).append(int(i))
+        if len(classes) >= pool:
+            break  # the first GPU of each of `pool` contents already fills the pool: the rest is not read
     picked: list[int] = []
     queues = list(classes.values())
     depth = 0
@@ -82,12 +98,14 @@ def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
     return [(int(rows[i]), int(cols[i])) for i in picked[:pool]]
 
 
-def pool_repack(s: _Search, pod: Pod, pool: int, time_limit: float, movable: Callable[[Pod], bool] | None = None,
-                memo: dict | None = None) -> Choice | None:
+def pool_repack(s: _Search, pod: Pod, pool: int, dtime: float, movable: Callable[[Pod], bool] | None = None,
+                memo: dict | None = None, gib_cap: float = 0.0) -> Choice | None:
     """Place the one-GPU `pod` by repacking the pool's sharing pods; None (nothing changed) if CP-SAT finds no
-    assignment within the move limit and `time_limit` seconds. `memo` remembers the pools that failed: a pod at
-    least as large (share, CPU, memory) is not tried again on an unchanged pool (the saturated tail of a replay
-    fails thousands of pods on the same pool)."""
+    assignment within the move limit and `dtime` of CP-SAT's deterministic time (≈ seconds on a quiet core, the
+    same work on a busy one). `memo` remembers the pools that failed: a pod at least as large (share, CPU,
+    memory) is not tried again on an unchanged pool (the saturated tail of a replay fails thousands of pods on the
+    same pool). `gib_cap` > 0 (a move price): the moved pods' checkpoints may total at most that many GiB, and
+    the repack moving the fewest bytes (not the fewest pods) is sought."""
     if pod.num_gpu != 1:
         return None
     cl = s.cl
@@ -99,10 +117,10 @@ def pool_repack(s: _Search, pod: Pod, pool: int, time_limit: float, movable: Cal
     if memo is not None:
         nodes_ = sorted({n for n, _ in bins})
         key = (tuple(bins), tuple(int(cl.free[n, g]) for n, g in bins), tuple(int(cl.cpu_free[n]) for n in nodes_),
-               pod.gpu_models, s.limit - len(s.orig))
+               pod.gpu_models, s.limit - len(s.orig), gib_cap)
         if covered(dims, memo.get(key, ())):
             return None
-    ch = _pool_repack(s, pod, bins, time_limit, movable)
+    ch = _pool_repack(s, pod, bins, dtime, movable, gib_cap)
     if ch is None and memo is not None:
         if len(memo) > 4096:
             memo.clear()
@@ -110,8 +128,8 @@ def pool_repack(s: _Search, pod: Pod, pool: int, time_limit: float, movable: Cal
     return ch
 
 
-def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: float,
-                 movable: Callable[[Pod], bool] | None) -> Choice | None:
+def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], dtime: float,
+                 movable: Callable[[Pod], bool] | None, gib_cap: float) -> Choice | None:
     cl = s.cl
     items: list[int] = []  # pids
     cur: list[int] = []
@@ -131,14 +149,15 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: 
         cpu_budget[ch.node] += p.cpu_milli
         mem_budget[ch.node] += p.memory_mib
     pods = [s.placed.pods[pid][0] for pid in items] + [pod]
-    if bins_needed([p.gpu_milli for p in pods]) > len(bins):
+    if not shares_fit(tuple(sorted(p.gpu_milli for p in pods)), len(bins)):
         return None  # the shares alone do not pack into the pool's GPUs: no CP-SAT needed to say so
     twins = twins_of(s)
     mine = {n: {g for nn, g in bins if nn == n} for n in nodes}  # each node's pool GPUs: relief leaves them be
     potential = {n: relief_potential(s, n, mine[n], frozenset(nodes), twins) for n in nodes}
     no_deficit: set[int] = set()
     for _ in range(3):
-        sol = _solve(s, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential, no_deficit, time_limit)
+        sol = _solve(s, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential, no_deficit, dtime,
+                     gib_cap)
         if sol is None:
             return None
         dest, deficit = sol
@@ -149,7 +168,7 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: 
         for n in deficit:
             use = sum(pods[i].cpu_milli for i in range(len(pods)) if bins[dest[i]][0] == n)
             here = sum(pods[i].cpu_milli for i in range(len(items)) if bins[cur[i]][0] == n)
-            if not make_room(s, n, use - here, 0, mine[n], twins, frozenset(nodes), movable):
+            if not make_room(s, n, use - here, 0, mine[n], twins, frozenset(nodes), movable, gib_cap > 0):
                 no_deficit.add(n)
                 ok = False
                 break
@@ -172,9 +191,10 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], time_limit: 
 
 
 def _solve(s: _Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential: dict[int, int],
-           no_deficit: set[int], time_limit: float) -> tuple[list[int], dict[int, int]] | None:
+           no_deficit: set[int], dtime: float, gib_cap: float = 0.0) -> tuple[list[int], dict[int, int]] | None:
     """CP-SAT: every pod on one pool GPU, GPUs within 1000 milli, memory within each node's, CPU within each
-    node's plus a deficit (CPU relief must free it; each core of it costs a quarter move), fewest moves."""
+    node's plus a deficit (CPU relief must free it; each core of it costs a quarter move), fewest moves; with a
+    `gib_cap`, moved checkpoints within it and fewest bytes (a core of deficit costs 2.5 GiB)."""
     cl = s.cl
     m = cp_model.CpModel()
     x: dict[tuple[int, int], cp_model.IntVar] = {}
@@ -206,15 +226,24 @@ def _solve(s: _Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, po
     stay = [x[i, cur[i]] for i in range(len(items)) if (i, cur[i]) in x]
     limit = s.limit - len(s.orig)
     m.add(sum(stay) >= len(items) - limit)
-    m.minimize(4000 * (len(items) - sum(stay)) + sum(deficit.values()))
+    if gib_cap > 0:
+        # tenths of a GiB; 40 per tenth makes a core of deficit (1000) worth 2.5 GiB
+        tenths = [round(10 * checkpoint_bytes(pods[i], cl.models[bins[cur[i]][0]]) / GIB)
+                  for i in range(len(items))]
+        moved = [(1 - x[i, cur[i]]) if (i, cur[i]) in x else 1 for i in range(len(items))]
+        m.add(sum(t * v for t, v in zip(tenths, moved, strict=True)) <= int(10 * gib_cap))
+        m.minimize(40 * sum(t * v for t, v in zip(tenths, moved, strict=True)) + sum(deficit.values()))
+    else:
+        m.minimize(4000 * (len(items) - sum(stay)) + sum(deficit.values()))
     for i in range(len(items)):
         if (i, cur[i]) in x:
             m.add_hint(x[i, cur[i]], 1)
     solver = cp_model.CpSolver()
-    # deterministic work units, not wall time: the same replay gives the same result on a busy machine
-    solver.parameters.max_deterministic_time = time_limit
-    solver.parameters.max_time_in_seconds = 10 * time_limit
+    # deterministic work units only, no wall-clock cap, one worker, a fixed seed: the same replay gives the same
+    # moves on a quiet or a loaded machine (a wall cap cut calls short under load and changed results)
+    solver.parameters.max_deterministic_time = dtime
     solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
     st = solver.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

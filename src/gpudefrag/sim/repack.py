@@ -27,7 +27,8 @@ moves find nothing). `ChainRepacker` tries three things in turn, cheapest first:
 
 A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. A move
 price (`gib_per_gpu`) makes it weigh what the moves cost: a rescue may write at most that many GiB of checkpoints
-(sim/costs.py's size model) per GPU it places; a dearer one is undone and the next stage (or target) tried.
+(sim/costs.py's size model) per GPU it places; a dearer one is undone and the next stage (or target) tried,
+and relief and the pool repack then look for the rescue that writes the fewest bytes, not the fewest moves.
 Moves are priced by core.cost, as the planner prices them. Multi-GPU
 pods that fail are checked once more with unlimited moves (not applied) and counted in
 `MoveStats.multi_gpu_failed_clearable` when relief or a repack could have placed them.
@@ -130,6 +131,11 @@ class _Search:
     def moved(self) -> list[int]:
         return [p for p, ch in self.orig.items() if self.placed.pods[p][1] != ch]
 
+    def moved_gib(self) -> float:
+        """Checkpoint GiB the search's moves would write (sim/costs.py's size model)."""
+        return sum(checkpoint_bytes(self.placed.pods[p][0], self.cl.models[self.orig[p].node])
+                   for p in self.moved()) / GIB
+
     # ------------------------------------------------------------------ queries
     def items(self, n: int, g: int) -> list[int]:
         """Sharing pods on GPU g of node n (not ejected)."""
@@ -153,7 +159,7 @@ class ChainRepacker:
     targets: int = 6  # nodes (or GPUs) tried for the failing pod itself
     cpu_relief: bool = True  # first try freeing CPU on a node whose GPUs fit (sim/cpu_relief.py)
     pool: int = 16  # last, an exact repack of this many partly used GPUs (sim/pool_repack.py); 0 = off
-    pool_seconds: float = 0.3  # CP-SAT limit per pool repack, in deterministic time units (≈ seconds)
+    pool_dtime: float = 0.15  # CP-SAT work limit per pool repack, deterministic time units (no wall clock)
     scan: int = 400  # GPUs examined per level for pods to eject (those with the most share free first)
     movable: Callable[[Pod], bool] | None = None
     cost_model: CostModel | None = None
@@ -197,17 +203,23 @@ class ChainRepacker:
                 self._failed.setdefault(key, []).append(dims)
         if self.check_clearable and pod.num_gpu > 1:
             s = _Search(cl, placed, policy, rng, BIG)
-            if ((self.cpu_relief and self._relieve(s, pod) is not None)
+            if ((self.cpu_relief and self._relieve(s, pod, priced=False) is not None)
                     or self._try(s, pod, priced=False) is not None):
                 stats.multi_gpu_failed_clearable += 1
             s.undo()
         return None
 
-    def _relieve(self, s: _Search, pod: Pod) -> Choice | None:
-        return _attempt(s, lambda: relieve(s, pod, self.targets, self.movable))
+    def _relieve(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
+        cap = self._gib_cap(pod) if priced else 0.0
+        return _attempt(s, lambda: relieve(s, pod, self.targets, self.movable, cap))
 
     def _pool(self, s: _Search, pod: Pod) -> Choice | None:
-        return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_seconds, self.movable, self._pool_memo))
+        return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_dtime, self.movable, self._pool_memo,
+                                               self._gib_cap(pod)))
+
+    def _gib_cap(self, pod: Pod) -> float:
+        """The checkpoint GiB a rescue of `pod` may write (0: moves are free)."""
+        return self.gib_per_gpu * pod.gpu_total / MILLI
 
     def _try(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
         try:
@@ -223,13 +235,9 @@ class ChainRepacker:
         s.undo()
         return None
 
-    def moved_gib(self, s: _Search) -> float:
-        """Checkpoint GiB the search's moves would write (sim/costs.py's size model)."""
-        return sum(checkpoint_bytes(s.placed.pods[p][0], s.cl.models[s.orig[p].node]) for p in s.moved()) / GIB
-
     def _worth_it(self, s: _Search, pod: Pod) -> bool:
         """Is placing `pod` worth the moves: at most `gib_per_gpu` GiB of checkpoints per GPU it places."""
-        return self.gib_per_gpu <= 0 or self.moved_gib(s) <= self.gib_per_gpu * pod.gpu_total / MILLI
+        return self.gib_per_gpu <= 0 or s.moved_gib() <= self._gib_cap(pod)
 
     # ------------------------------------------------------------------ targets
     def _movable(self, s: _Search, pid: int) -> bool:
