@@ -70,6 +70,35 @@ def test_gpuclustering_bands(rng):
     assert clus.choose(cl, share, rng).node in (1, 3)
 
 
+def test_gpupacking_scores_are_the_authors_integers():
+    """The integers of the authors' gpu_packing_score.go, worked by hand: ties between nodes decide these
+    policies, so a score one off would move the results (see docs/simulator.md, every variant)."""
+    cl = make_cluster([[MILLI] * 2, [MILLI] * 8, [MILLI] * 4 + [0] * 4, [300, MILLI, 0, 0], [990, 0], [100, MILLI]])
+    pack = get_policy("gpupacking")
+    nodes = np.arange(cl.n)
+    # idle nodes: max(33 − free GPUs, free GPUs), whatever the pod; a used node that needs k fresh GPUs: 50 − k
+    assert pack.scores(cl, Pod(2, MILLI), nodes)[:3].tolist() == [31, 25, 48]
+    assert pack.scores(cl, Pod(4, MILLI), nodes)[2] == 46
+    assert pack.scores(cl, Pod(8, MILLI), nodes)[1] == 25
+    # a share on a partly used GPU: 100 − (free % of that GPU) // 10 (300 free → 97, 990 free → 91); on a used
+    # node where it must break a whole GPU: 49
+    assert pack.scores(cl, Pod(1, 250), nodes)[3:].tolist() == [97, 91, 49]
+    assert pack.scores(cl, Pod(0, 0, 1000), nodes).tolist() == [0] * 6  # no GPU asked: no preference
+
+
+def test_gpuclustering_scores_are_the_authors_integers():
+    """gpu_clustering_score.go: band (75 same tag only, 50 mixed with it, 25 empty, 0 others only) plus
+    25 · (8000 − free milli-GPU) // 8000 — a small node counts its missing GPUs as used."""
+    cl = make_cluster([[MILLI] * 3 + [0] * 5, [MILLI] * 2, [MILLI] * 8, [MILLI] * 8])
+    two = Pod(2, MILLI)
+    cl.tags[0, two.tag] = 1  # only 2-GPU pods
+    cl.tags[2, two.tag] = cl.tags[2, Pod(1, 300).tag] = 1  # mixed, including 2-GPU pods
+    cl.tags[3, Pod(8, MILLI).tag] = 1  # only other tags
+    clus = get_policy("gpuclustering")
+    assert clus.scores(cl, two, np.arange(4)).tolist() == [75 + 15, 25 + 18, 50 + 0, 0]
+    assert clus.scores(cl, Pod(0, 0, 1000), np.arange(4)).tolist() == [0] * 4
+
+
 def test_fgd_fills_the_gpu_that_leaves_no_fragment(rng):
     # mix: whole-GPU tasks. A 500-milli pod on node 0 (a GPU with exactly 500 free) leaves nothing unusable;
     # on node 1 it would break a whole GPU into a useless half.

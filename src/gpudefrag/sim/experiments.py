@@ -11,7 +11,7 @@ import csv
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -125,9 +125,9 @@ def median_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:
     return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
 
 
-def author_curves(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WORKLOAD) -> dict[str, np.ndarray]:
-    """The authors' median unallocated-GPU % curves for `workload`, if their cached results sit in
-    `trace_dir/fgd-expected-results/` (empty when the file or the workload's rows are absent)."""
+def author_runs(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WORKLOAD) -> dict[str, np.ndarray]:
+    """The authors' unallocated-GPU % curves for `workload`, one row per seed they ran (seeds × arrived %), if
+    their cached results sit in `trace_dir/fgd-expected-results/` (empty when the file or the rows are absent)."""
     path = Path(trace_dir) / "fgd-expected-results" / "analysis_allo_discrete.csv"
     if not path.is_file():
         return {}
@@ -142,18 +142,41 @@ def author_curves(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WOR
             curve = np.array([float(row[str(k)]) if row.get(str(k)) not in (None, "") else np.nan
                               for k in range(CURVE_MAX + 1)])
             by.setdefault(name, []).append(100.0 - curve)
-    return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
+    return {k: np.stack(v) for k, v in by.items()}
+
+
+def author_curves(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WORKLOAD) -> dict[str, np.ndarray]:
+    """The authors' median unallocated-GPU % curves for `workload` (see `author_runs`)."""
+    return {k: np.nanmedian(v, axis=0) for k, v in author_runs(trace_dir, workload).items()}
+
+
+def same_distribution_p(ours: Sequence[float], theirs: Sequence[float]) -> float:
+    """Two-sided Mann–Whitney U p-value that our per-seed values and the authors' come from one distribution.
+
+    The acceptance compares two medians of ten seeds each, and one seed's result spreads over 1–2 pp for the
+    banded policies, so two medians of the *same* simulator differ by more than 0.5 pp several percent of the
+    time; a small p (say < 0.05) is what says the difference is in the method rather than in the seeds."""
+    from scipy.stats import mannwhitneyu
+
+    a = np.asarray(ours, dtype=float)
+    b = np.asarray(theirs, dtype=float)
+    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+    if len(a) == 0 or len(b) == 0:
+        return float("nan")
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
 @dataclass(frozen=True)
 class AuthorResults:
     """The authors' numbers for the workload a replay ran: median curves per policy (empty when they have
-    none), the paper's figures at 100 % (the default list only), and a line saying where they came from."""
+    none), the paper's figures at 100 % (the default list only), a line saying where they came from, and the
+    per-seed curves behind the medians (for `same_distribution_p`)."""
 
     workload: str
     curves: dict[str, np.ndarray]
     paper_at_100: dict[str, float]
     source: str
+    runs: dict[str, np.ndarray] = field(default_factory=dict)  # per policy: seeds × arrived %
 
 
 def authors_for(pods: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None) -> AuthorResults:
@@ -164,10 +187,11 @@ def authors_for(pods: str | os.PathLike[str], folder: str | os.PathLike[str] | N
     tried = [base, base / "variants"]
     paper = dict(PAPER_AT_100) if workload == DEFAULT_WORKLOAD else {}
     for d in tried:
-        curves = author_curves(d, workload)
-        if curves:
+        runs = author_runs(d, workload)
+        if runs:
+            curves = {k: np.nanmedian(v, axis=0) for k, v in runs.items()}
             return AuthorResults(workload, curves, paper,
-                                 f"{d / 'fgd-expected-results' / 'analysis_allo_discrete.csv'} ({workload})")
+                                 f"{d / 'fgd-expected-results' / 'analysis_allo_discrete.csv'} ({workload})", runs)
     where = " or ".join(str(d / "fgd-expected-results") for d in tried)
     return AuthorResults(workload, {}, paper, f"none: the authors have no cached results for {workload} in {where}")
 
