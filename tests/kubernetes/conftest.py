@@ -17,17 +17,6 @@ def frag_cluster() -> KubeCluster:
 
 
 @pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
-    """Run the real CLI in-process: (exit code, stdout, stderr)."""
-    from gpudefrag.cli.main import run
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        try:
-            run(list(argv))
-            code = 0
-        except SystemExit as e:
-            code = int(e.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
+def cli(cli):  # type: ignore[no-untyped-def]
+    """The suite's in-process CLI runner (tests/conftest.py), called with the arguments spread: cli("kube", ...)."""
+    return lambda *argv: cli(list(argv))
