@@ -13,7 +13,10 @@ ten-seed medians of one simulator differ by more than 0.5 pp several percent of 
 policies, so a miss with a large p is the seeds, a small p (< 0.05) a difference in the method.
 
 `--moves` adds the comparison at equal moved pods: FGD, FGD + the authors' descheduler (`deschedule`, given a
-budget of at least as many pods as the repacker moved), FGD + migrate and FGD + repack, unallocated at 100 %.
+budget of at least as many pods as the repacker moved), FGD + migrate and FGD + repack (≤ `--move-budget` moves per
+placed pod), unallocated at 100 %, and the cost-aware repack (`--gib-per-gpu`, `--gib-budget`); each with the share
+of the gap between FGD and the list's tighter lower bound it closes, checked against the targets (≥ 75 % at ≤ 0.05
+moves per placed pod; ≥ 55 % at ≤ 5,000 GiB).
 `--out DIR` keeps every run's numbers (`variants.csv`, `moves.csv`) as they finish.
 """
 
@@ -34,8 +37,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gpudefrag.core.placement import FGD_STUDY_POLICIES
+from gpudefrag.sim.bound import arrived_prefix
+from gpudefrag.sim.bound_resource import node_types, resource_bound
 from gpudefrag.sim.experiments import StaticRun, authors_for, median_curves, run_many, same_distribution_p, static_runs
-from gpudefrag.sim.replay import ReplayResult
+from gpudefrag.sim.replay import ReplayResult, build_workload
+from gpudefrag.sim.trace import load_trace
 from reproduce_fgd import TOL_100, trace_dir
 
 VARIANTS = ("multigpu20", "multigpu30", "multigpu40", "gpushare20", "gpushare40", "gpushare60", "gpushare80",
@@ -119,6 +125,14 @@ class MovesRow:
     lost: float
     moved_gib: float
     seconds: float
+    per_placed: float = 0.0  # median moves per placed pod
+    bound: float = float("nan")  # the list's tighter lower bound on unallocated % (median over the seeds)
+    fgd: float = float("nan")  # plain FGD's unallocated % on the same seeds
+
+    @property
+    def gap_closed(self) -> float:
+        """Share of the FGD → bound gap this configuration closes."""
+        return (self.fgd - self.unallocated_100) / (self.fgd - self.bound) if self.fgd > self.bound else math.nan
 
 
 def moves_for(res: Sequence[ReplayResult]) -> MovesRow:
@@ -126,7 +140,8 @@ def moves_for(res: Sequence[ReplayResult]) -> MovesRow:
         "", res[0].policy, float(np.median([r.unallocated_at(100) for r in res])),
         float(np.median([r.stats.moves + r.stats.evicted_lost for r in res])),
         float(np.median([r.stats.evicted_lost for r in res])),
-        float(np.median([r.stats.moved_bytes for r in res])) / 2**30, float(np.median([r.seconds for r in res])))
+        float(np.median([r.stats.moved_bytes for r in res])) / 2**30, float(np.median([r.seconds for r in res])),
+        float(np.median([r.stats.moves / max(int(r.placed.sum()), 1) for r in res])))
 
 
 def deschedule_ratio(plain: Sequence[ReplayResult], moved: Sequence[ReplayResult]) -> float:
@@ -138,59 +153,106 @@ def deschedule_ratio(plain: Sequence[ReplayResult], moved: Sequence[ReplayResult
     return math.ceil(need * 1000) / 1000
 
 
+def tighter_bound(trace: Path, name: str, seeds: Sequence[int], time_limit_s: float = 10.0) -> float:
+    """The list's tighter lower bound on unallocated % at 100 % arrived (`sim/bound_resource.py`: per-node CPU,
+    memory and GPU models, never below the arc-flow bound), median over the seeds."""
+    tr = load_trace(trace / NODES, pod_list(trace, name))
+    cl = tr.cluster()
+    types = node_types(cl)
+    pods = [p.pod for p in tr.pods]
+    return float(np.median([resource_bound(arrived_prefix(build_workload(pods, cl.capacity_milli, s, 1.3),
+                                                          cl.capacity_milli), types,
+                                           time_limit_s=time_limit_s).unallocated_pct for s in seeds]))
+
+
+@dataclass(frozen=True)
+class Prices:
+    """The repack settings the comparison runs: the moves budget, and the cost-aware setting."""
+
+    move_budget: float = 0.05  # moves per placed pod over the run
+    gib_per_gpu: float = 150.0  # the cost-aware setting's price per GPU placed
+    gib_budget: float = 5000.0  # and its GiB cap per run
+
+
 def compare_moves(trace: Path, name: str, seeds: Sequence[int], workers: int,
-                  on_row: Callable[[MovesRow], None] | None = None) -> list[MovesRow]:
-    """FGD, FGD + repack (≤ 16 moves per pod), FGD + the authors' descheduler with a budget ≥ what the repacker
-    moved (the ratio is rounded up to 0.1 %; their single pass at the first failure, and a pass at every
-    failure), FGD + migrate; unallocated at 100 % arrived."""
+                  on_row: Callable[[MovesRow], None] | None = None, prices: Prices = Prices()) -> list[MovesRow]:
+    """FGD, FGD + repack (≤ 16 moves per pod, ≤ `prices.move_budget` moves per placed pod), FGD + the authors'
+    descheduler with a budget ≥ what the repacker moved (the ratio is rounded up to 0.1 %; their single pass at
+    the first failure, and a pass at every failure), FGD + migrate, and the cost-aware repack (a price per GPU
+    placed and a GiB cap per run); unallocated at 100 % arrived, and the share of the FGD → bound gap closed."""
     nodes, pods = str(trace / NODES), str(pod_list(trace, name))
+    bound = tighter_bound(trace, name, seeds)
     rows: list[MovesRow] = []
+    fgd = math.nan
 
     def add(res: list[ReplayResult], label: str = "") -> None:
         row = moves_for(res)
-        row.name = name
-        row.config = label or row.config
+        row.name, row.config, row.bound, row.fgd = name, label or row.config, bound, fgd
         rows.append(row)
         if on_row:
             on_row(row)
 
-    plain = run_many(static_runs(nodes, pods, ["fgd"], seeds), workers)
+    def runs(**kw: object) -> list[ReplayResult]:
+        return run_many(static_runs(nodes, pods, ["fgd"], seeds, max_moves=16, **kw), workers)  # type: ignore[arg-type]
+
+    plain = runs()
+    fgd = float(np.median([r.unallocated_at(100) for r in plain]))
     add(plain)
-    rep = run_many(static_runs(nodes, pods, ["fgd"], seeds, defrag=["repack"], max_moves=16), workers)
-    add(rep)
+    rep = runs(defrag=["repack"], move_budget=prices.move_budget)
+    add(rep, f"fgd+repack (≤ {prices.move_budget} moves/placed pod)")
     ratio = deschedule_ratio(plain, rep)
     for repeat in (False, True):
-        add(run_many(static_runs(nodes, pods, ["fgd"], seeds, defrag=["deschedule"], deschedule_ratio=ratio,
-                                 deschedule_repeat=repeat), workers),
+        add(runs(defrag=["deschedule"], deschedule_ratio=ratio, deschedule_repeat=repeat),
             f"fgd+deschedule (fragOnePod, ratio {ratio:.3f}, {'every failure' if repeat else 'one pass'})")
     add(run_many(static_runs(nodes, pods, ["fgd"], seeds, defrag=["migrate"]), workers))
+    add(runs(defrag=["repack"], gib_per_gpu=prices.gib_per_gpu, gib_budget=prices.gib_budget),
+        f"fgd+repack priced ({prices.gib_per_gpu:g} GiB/GPU, ≤ {prices.gib_budget:,.0f} GiB)")
     return rows
 
 
 def moves_table(rows: Sequence[MovesRow]) -> Table:
     t = Table(title="At equal moved pods: unallocated GPU % at 100 % arrived (median over seeds)")
-    for col in ("list", "configuration", "unallocated @100", "moved pods", "of them lost", "GiB moved", "s/run"):
+    for col in ("list", "configuration", "unallocated @100", "gap closed", "moved pods", "moves/placed pod",
+                "of them lost", "GiB moved", "s/run"):
         t.add_column(col, justify="left" if col in ("list", "configuration") else "right")
     last = ""
     for r in rows:
-        t.add_row(r.name if r.name != last else "", r.config, f"{r.unallocated_100:.2f}", f"{r.moved_pods:.0f}",
-                  f"{r.lost:.0f}", f"{r.moved_gib:,.0f}", f"{r.seconds:.0f}")
+        t.add_row(r.name if r.name != last else "", r.config, f"{r.unallocated_100:.2f}",
+                  "" if r.config == "fgd" else f"{100 * r.gap_closed:.0f} %", f"{r.moved_pods:.0f}",
+                  f"{r.per_placed:.4f}", f"{r.lost:.0f}", f"{r.moved_gib:,.0f}", f"{r.seconds:.0f}")
         last = r.name
     return t
+
+
+def _by_list(rows: Sequence[MovesRow]) -> dict[str, list[MovesRow]]:
+    by: dict[str, list[MovesRow]] = {}
+    for r in rows:
+        by.setdefault(r.name, []).append(r)
+    return by
 
 
 def repack_beats_deschedule(rows: Sequence[MovesRow]) -> dict[str, bool]:
     """Per list: FGD + repack leaves less unallocated than every FGD + deschedule setting (which had a budget
     of at least as many pods)."""
-    by: dict[str, list[MovesRow]] = {}
-    for r in rows:
-        by.setdefault(r.name, []).append(r)
     out = {}
-    for n, rs in by.items():
-        rep = [r for r in rs if r.config == "fgd+repack"]
+    for n, rs in _by_list(rows).items():
+        rep = [r for r in rs if r.config.startswith("fgd+repack (")]
         des = [r for r in rs if r.config.startswith("fgd+deschedule")]
         if rep and des:
             out[n] = all(rep[0].unallocated_100 < d.unallocated_100 for d in des)
+    return out
+
+
+def gap_targets(rows: Sequence[MovesRow], prices: Prices = Prices()) -> dict[str, tuple[bool, bool]]:
+    """Per list: (FGD + repack closes ≥ 75 % of the FGD → bound gap at ≤ 0.05 moves per placed pod, the
+    cost-aware repack keeps ≥ 55 % of it moving ≤ 5,000 GiB)."""
+    out = {}
+    for n, rs in _by_list(rows).items():
+        rep = [r for r in rs if r.config.startswith("fgd+repack (")]
+        priced = [r for r in rs if r.config.startswith("fgd+repack priced")]
+        if rep and priced:
+            out[n] = (rep[0].gap_closed >= 0.75 and rep[0].per_placed <= 0.05,
+                      priced[0].gap_closed >= 0.55 and priced[0].moved_gib <= 5000)
     return out
 
 
@@ -210,7 +272,11 @@ def main() -> int:
     ap.add_argument("--moves", action="store_true", help="also compare FGD + deschedule / migrate / repack")
     ap.add_argument("--moves-seeds", default="42")
     ap.add_argument("--moves-lists", default="default," + ",".join(VARIANTS))
+    ap.add_argument("--move-budget", type=float, default=Prices.move_budget, help="repack: moves per placed pod")
+    ap.add_argument("--gib-per-gpu", type=float, default=Prices.gib_per_gpu, help="cost-aware repack: its price")
+    ap.add_argument("--gib-budget", type=float, default=Prices.gib_budget, help="cost-aware repack: GiB per run")
     args = ap.parse_args()
+    prices = Prices(args.move_budget, args.gib_per_gpu, args.gib_budget)
     console = Console(width=150)
     trace = trace_dir(args.trace)
     if trace is None:
@@ -250,16 +316,21 @@ def main() -> int:
                           f"{r.seconds:.0f} s/run)")
             if out:
                 _append(out / "moves.csv", ["list", "config", "unallocated_100", "moved_pods", "lost", "moved_gib",
-                                            "seconds"],
+                                            "seconds", "moves_per_placed_pod", "bound", "fgd", "gap_closed"],
                         [[r.name, r.config, f"{r.unallocated_100:.4f}", r.moved_pods, r.lost, f"{r.moved_gib:.1f}",
-                          f"{r.seconds:.1f}"]])
+                          f"{r.seconds:.1f}", f"{r.per_placed:.5f}", f"{r.bound:.4f}", f"{r.fgd:.4f}",
+                          f"{r.gap_closed:.4f}"]])
 
         for name in args.moves_lists.split(","):
-            rows += compare_moves(trace, name, _seeds(args.moves_seeds), args.workers, on_row=done)
+            rows += compare_moves(trace, name, _seeds(args.moves_seeds), args.workers, on_row=done, prices=prices)
         console.print(moves_table(rows))
+        targets = gap_targets(rows, prices)
         for n, good in repack_beats_deschedule(rows).items():
-            console.print(f"{n}: FGD + repack {'beats' if good else 'does NOT beat'} FGD + deschedule")
-            ok &= good
+            moves_ok, bytes_ok = targets.get(n, (False, False))
+            console.print(f"{n}: FGD + repack {'beats' if good else 'does NOT beat'} FGD + deschedule; "
+                          f"≥ 75 % of the gap at ≤ 0.05 moves/placed pod: {'ok' if moves_ok else 'MISS'}; "
+                          f"≥ 55 % at ≤ 5,000 GiB: {'ok' if bytes_ok else 'MISS'}")
+            ok &= good and moves_ok and bytes_ok
     return 0 if ok else 1
 
 

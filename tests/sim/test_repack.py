@@ -8,11 +8,12 @@ import pytest
 from gpudefrag.core.model import MILLI
 from gpudefrag.core.placement import Choice, Cluster, Pod, get_policy
 from gpudefrag.sim.defrag import ArrayDefragmenter
+from gpudefrag.sim.experiments import run_one, static_runs
 from gpudefrag.sim.repack import ChainRepacker
 from gpudefrag.sim.replay import MoveStats, Placed, allocation_ok, replay
 from gpudefrag.sim.trace import fgd_mix
 
-from .conftest import make_cluster
+from .conftest import make_cluster, pod_row, write_trace
 
 
 def _setup(rows, pods_at, cpu=None):
@@ -188,10 +189,6 @@ def test_a_whole_pod_swaps_with_one_asking_less_cpu():
 
 
 def test_static_run_selects_the_repacker(tmp_path):
-    from gpudefrag.sim.experiments import run_one, static_runs
-
-    from .conftest import pod_row, write_trace
-
     nodes = [f"n{i},32000,262144,2,T4" for i in range(3)]
     pods = [pod_row(i, 4000, 1, m) for i, m in enumerate([470, 650, 320, 810, 230, 470, 650, 1000, 1000, 1000])]
     n, p = write_trace(tmp_path, nodes, pods)
@@ -221,3 +218,25 @@ def test_the_move_price_refuses_a_rescue_that_moves_more_than_it_is_worth(gib_pe
         after = _snapshot(cl, placed)
         assert all(np.array_equal(a, b) for a, b in zip(before[:5], after[:5], strict=True))
         assert before[5] == after[5]
+
+
+def test_the_runs_gib_budget_caps_what_all_rescues_write_together(tmp_path):
+    # a saturated replay that rescues with free moves; the same replay under a budget of half those bytes
+    # writes at most the budget, and one with no bytes left rescues nothing
+    nodes = [f"n{i},32000,262144,2,T4" for i in range(5)]
+    shares = [410, 320, 590, 230, 320, 320, 230, 1000, 230, 590, 470, 590, 320, 410, 650, 590, 320, 410, 410, 590]
+    pods = [pod_row(i, 2000, 1, m) for i, m in enumerate(shares)]
+    n, p = write_trace(tmp_path, nodes, pods)
+
+    def moved(budget: float) -> tuple[float, int]:
+        (run,) = static_runs(str(n), str(p), ["fgd"], [2], defrag=["repack"], max_moves=8, move_budget=10,
+                             gib_budget=budget)
+        res = run_one(run)
+        return res.stats.moved_bytes / 2**30, res.stats.moves
+
+    free_gib, free_moves = moved(0.0)
+    assert free_moves >= 3, "the fixture must need several rescues for the budget to mean anything"
+    half = free_gib / 2
+    capped_gib, capped_moves = moved(half)
+    assert 0 < capped_gib <= half + 1e-9 and 0 < capped_moves < free_moves
+    assert moved(1e-9) == (0.0, 0)

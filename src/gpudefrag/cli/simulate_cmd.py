@@ -100,6 +100,10 @@ def static(
     max_moves: int = typer.Option(8, "--max-moves", help="Moves per rescued pod at most"),
     gib_per_gpu: float = typer.Option(0.0, "--gib-per-gpu", help="repack's move price: a rescue may move at most "
                                       "this many GiB of checkpoints per GPU it places (0 = moves are free)"),
+    gib_budget: float = typer.Option(0.0, "--gib-budget", help="repack: checkpoint GiB the whole run may write; "
+                                     "rescues stop when it is spent (0 = no cap)"),
+    move_budget: float = typer.Option(0.1, "--move-budget", help="migrate, evict, repack: moves per placed pod "
+                                      "the whole run may make"),
     deschedule_ratio: float = typer.Option(0.05, "--deschedule-ratio", help="deschedule: evict at most this "
                                            "ratio of the pods on the cluster (one pass, at the first failure)"),
     deschedule_policy: str = typer.Option("fragOnePod", "--deschedule-policy",
@@ -144,10 +148,11 @@ def static(
     else:
         trace = load_trace(nodes, pods)
         cl = trace.cluster()
-    if gib_per_gpu < 0:
-        raise InputError("--gib-per-gpu", "", f"must be >= 0, got {gib_per_gpu}")
+    for flag, v in (("--gib-per-gpu", gib_per_gpu), ("--gib-budget", gib_budget), ("--move-budget", move_budget)):
+        if not 0 <= v < float("inf"):
+            raise InputError(flag, "", f"must be a number >= 0, got {v}")
     runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""),
-                       gib_per_gpu, deschedule_ratio, deschedule_policy, deschedule_repeat)
+                       gib_per_gpu, deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget)
     with _progress() as prog:
         task = prog.add_task("replays", total=len(runs))
         results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
@@ -162,6 +167,11 @@ def static(
           AuthorResults(pods.stem, {}, {}, "none: a snapshot's cluster is not the authors'"))
     meta = {"nodes": str(nodes or snapshot), "pods": str(pods), "policies": ",".join(pols), "seeds": seed_list,
             "tune": tune, "defrag": ",".join(acts), "authors' results": au.source}
+    if {"migrate", "evict", "repack"} & set(acts):
+        meta["moves"] = f"≤ {max_moves} per rescued pod, ≤ {move_budget} per placed pod over the run"
+    if "repack" in acts:
+        meta["repack price"] = (f"{gib_per_gpu or 'free'} GiB per GPU placed, "
+                                f"{f'≤ {gib_budget} GiB' if gib_budget else 'no GiB cap'} per run")
     if "deschedule" in acts:
         meta["deschedule"] = (f"{deschedule_policy}, ratio {deschedule_ratio}, "
                               f"{'a pass at every failure' if deschedule_repeat else 'one pass'}")

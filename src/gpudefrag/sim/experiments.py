@@ -47,6 +47,8 @@ class StaticRun:
     deschedule_ratio: float = 0.05  # the authors' descheduler: its budget, a ratio of the pods on the cluster
     deschedule_policy: str = "fragOnePod"
     deschedule_repeat: bool = False  # a pass at every failure while its budget lasts (the authors': one pass)
+    move_budget: float = 0.1  # migrate / evict / repack: moves per placed pod the whole run may make
+    gib_budget: float = 0.0  # repack: checkpoint GiB the whole run may write (0 = no cap)
 
 
 @lru_cache(maxsize=4)
@@ -77,7 +79,8 @@ def run_one(run: StaticRun) -> ReplayResult:
         if run.defrag == "repack":
             from .repack import ChainRepacker
 
-            defrag = ChainRepacker(max_moves=run.max_moves, gib_per_gpu=run.gib_per_gpu)
+            defrag = ChainRepacker(max_moves=run.max_moves, budget=run.move_budget, gib_per_gpu=run.gib_per_gpu,
+                                   gib_budget=run.gib_budget)
         elif run.defrag == "deschedule":
             from .deschedule import Descheduler
 
@@ -86,7 +89,7 @@ def run_one(run: StaticRun) -> ReplayResult:
         else:
             from .defrag import make_defragmenter
 
-            defrag = make_defragmenter(run.defrag, max_moves=run.max_moves)
+            defrag = make_defragmenter(run.defrag, max_moves=run.max_moves, budget=run.move_budget)
     result = replay(cluster, workload, run.policy, seed=run.seed, tune=run.tune, defrag=defrag)
     if run.defrag != "none":
         result.policy = f"{run.policy}+{run.defrag}"
@@ -199,7 +202,8 @@ def authors_for(pods: str | os.PathLike[str], folder: str | os.PathLike[str] | N
 def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLICIES,
                 seeds: Sequence[int] = DEFAULT_SEEDS, tune: float = 1.3, defrag: Sequence[str] = ("none",),
                 max_moves: int = 8, snapshot: str = "", gib_per_gpu: float = 0.0, deschedule_ratio: float = 0.05,
-                deschedule_policy: str = "fragOnePod", deschedule_repeat: bool = False) -> list[StaticRun]:
+                deschedule_policy: str = "fragOnePod", deschedule_repeat: bool = False, move_budget: float = 0.1,
+                gib_budget: float = 0.0) -> list[StaticRun]:
     return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""), gib_per_gpu,
-                      deschedule_ratio, deschedule_policy, deschedule_repeat)
+                      deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget)
             for d in defrag for p in policies for s in seeds]

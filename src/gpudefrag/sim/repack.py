@@ -28,7 +28,8 @@ moves find nothing). `ChainRepacker` tries three things in turn, cheapest first:
 A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. A move
 price (`gib_per_gpu`) makes it weigh what the moves cost: a rescue may write at most that many GiB of checkpoints
 (sim/costs.py's size model) per GPU it places; a dearer one is undone and the next stage (or target) tried,
-and relief and the pool repack then look for the rescue that writes the fewest bytes, not the fewest moves.
+and relief and the pool repack then look for the rescue that writes the fewest bytes, not the fewest moves. A run
+budget (`gib_budget`, the checkpoint traffic an operator allows) caps the GiB all rescues together may write.
 Moves are priced by core.cost, as the planner prices them. Multi-GPU
 pods that fail are checked once more with unlimited moves (not applied) and counted in
 `MoveStats.multi_gpu_failed_clearable` when relief or a repack could have placed them.
@@ -36,6 +37,7 @@ pods that fail are checked once more with unlimited moves (not applied) and coun
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -164,12 +166,14 @@ class ChainRepacker:
     movable: Callable[[Pod], bool] | None = None
     cost_model: CostModel | None = None
     gib_per_gpu: float = 0.0  # the move price: a rescue may move at most this many GiB per GPU placed; 0 = free
+    gib_budget: float = 0.0  # checkpoint GiB the whole run may write (an operator's traffic cap); 0 = no cap
     check_clearable: bool = True  # count multi-GPU failures that unlimited moves would have rescued
     last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)
     _failed: dict[tuple[int, tuple[str, ...]], list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
     _state: tuple[int, int, int] = (-1, -1, -1)
     _pool_memo: dict = field(default_factory=dict, repr=False)
     _priced_out: bool = field(default=False, repr=False)
+    _gib_left: float = field(default=math.inf, repr=False)  # of gib_budget, when this rescue began
 
     # ------------------------------------------------------------------ entry point
     def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
@@ -179,6 +183,9 @@ class ChainRepacker:
             return None
         room = int(self.budget * max(len(placed.pods), 1)) - stats.moves
         limit = min(self.max_moves, room)
+        self._gib_left = self.gib_budget - stats.moved_bytes / GIB if self.gib_budget > 0 else math.inf
+        if self._gib_left <= 0:
+            limit = 0
         # a pod at least as large as one that found no repack on this very cluster state is not searched again
         state = (cl.allocated_milli, int(cl.cpu_free.sum()), limit)
         if state != self._state:
@@ -218,8 +225,10 @@ class ChainRepacker:
                                                self._gib_cap(pod)))
 
     def _gib_cap(self, pod: Pod) -> float:
-        """The checkpoint GiB a rescue of `pod` may write (0: moves are free)."""
-        return self.gib_per_gpu * pod.gpu_total / MILLI
+        """The checkpoint GiB a rescue of `pod` may write: its price (`gib_per_gpu` per GPU placed) and what is
+        left of the run's `gib_budget`, whichever is less; 0 when neither is set (moves are free)."""
+        cap = min(self.gib_per_gpu * pod.gpu_total / MILLI if self.gib_per_gpu > 0 else math.inf, self._gib_left)
+        return 0.0 if cap == math.inf else cap
 
     def _try(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
         try:
@@ -236,8 +245,9 @@ class ChainRepacker:
         return None
 
     def _worth_it(self, s: _Search, pod: Pod) -> bool:
-        """Is placing `pod` worth the moves: at most `gib_per_gpu` GiB of checkpoints per GPU it places."""
-        return self.gib_per_gpu <= 0 or s.moved_gib() <= self._gib_cap(pod)
+        """Is placing `pod` worth the moves: within its price and what is left of the run's GiB budget."""
+        cap = self._gib_cap(pod)
+        return cap <= 0 or s.moved_gib() <= cap
 
     # ------------------------------------------------------------------ targets
     def _movable(self, s: _Search, pid: int) -> bool:
