@@ -194,3 +194,27 @@ def test_static_repack_takes_a_move_budget_and_a_gib_budget(tmp_path: Path):
         r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "x"),
                       "--defrag", "repack", *bad)
         assert r.returncode == 2 and bad[0] in r.stderr and not (tmp_path / "x").exists(), r.stderr
+
+
+def test_tradeoff_prices_the_repackers_moves(tmp_path: Path):
+    # a cluster that saturates: free moves rescue pods, a low price refuses the dear rescues
+    nodes = [f"n{i},32000,262144,2,T4" for i in range(6)]
+    shares = [320, 230, 650, 1000, 320, 810, 590, 320, 230, 810, 470, 1000, 1000, 1000, 590, 230, 590, 110, 470, 590,
+              1000, 470, 810, 470]
+    n, p = write_trace(tmp_path, nodes, [pod_row(i, 2000, 1, m) for i, m in enumerate(shares)])
+    out = tmp_path / "t"
+    r = gpudefrag("simulate", "tradeoff", "--nodes", str(n), "--pods", str(p), "--out", str(out), "--seeds", "4",
+                  "--prices", "0,5,40", "--move-budget", "10", "--workers", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["gib_per_gpu"] for row in rows] == [0, 40, 5]
+    free, cheap = rows[0], rows[-1]
+    assert free["moves"] >= 3 and free["moved_gib"] > cheap["moved_gib"]
+    assert free["unalloc_100"] < cheap["unalloc_100"] <= free["fgd_100"] and free["gap_closed"] > 0
+    assert all(row["lower_bound_100"] <= row["unalloc_100"] for row in rows)
+    for f in ("tradeoff.csv", "tradeoff.png", "report.md"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    assert len((out / "tradeoff.csv").read_text().splitlines()) == 1 + 3
+    for bad in (["--prices", "cheap"], ["--prices", "-5"], ["--gib-budget", "inf"]):
+        r = gpudefrag("simulate", "tradeoff", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "x"), *bad)
+        assert r.returncode == 2 and bad[0] in r.stderr and not (tmp_path / "x").exists(), r.stderr

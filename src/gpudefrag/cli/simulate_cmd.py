@@ -251,6 +251,80 @@ def dynamic(
     console.print(f"wrote {escape(str(out))}/report.md")
 
 
+@sim_app.command("tradeoff")
+def tradeoff_cmd(
+    nodes: Path = typer.Option(..., "--nodes", help="Node list CSV"),
+    pods: Path = typer.Option(..., "--pods", help="Pod list CSV"),
+    out: Path = typer.Option(..., "--out", help="Report folder to create"),
+    prices: str = typer.Option("0,400,250,150,100", "--prices", help="Move prices to compare, GiB of checkpoints "
+                               "per GPU placed (0 = free)"),
+    seeds: str = typer.Option("42", "--seeds"),
+    tune: float = typer.Option(1.3, "--tune"),
+    max_moves: int = typer.Option(16, "--max-moves", help="Moves per rescued pod at most"),
+    move_budget: float = typer.Option(0.1, "--move-budget", help="Moves per placed pod the whole run may make"),
+    gib_budget: float = typer.Option(0.0, "--gib-budget", help="GiB the whole run may write, every price (0 = no "
+                                     "cap)"),
+    time_limit: float = typer.Option(10.0, "--time-limit", help="Seconds of column generation for the bound"),
+    workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output folder"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """FGD + repack at several move prices: unallocated %, the share of the FGD → bound gap, GiB and moves."""
+    from ..sim.bound import arrived_prefix
+    from ..sim.bound_resource import node_types, resource_bound
+    from ..sim.experiments import run_many, static_runs
+    from ..sim.replay import build_workload
+    from ..sim.report import staged_folder, tradeoff_summary, write_tradeoff
+    from ..sim.trace import load_trace
+
+    try:
+        price_list = sorted({float(x) for x in prices.split(",") if x.strip()})
+    except ValueError:
+        raise InputError("--prices", "", f"expected GiB per GPU such as 0,150,400, got {prices!r}") from None
+    if not price_list or not all(0 <= x < float("inf") for x in price_list):
+        raise InputError("--prices", "", f"expected numbers >= 0, got {prices!r}")
+    for flag, v in (("--gib-budget", gib_budget), ("--move-budget", move_budget), ("--tune", tune)):
+        if not 0 <= v < float("inf"):
+            raise InputError(flag, "", f"must be a number >= 0, got {v}")
+    seed_list = parse_seeds(seeds)
+    _check_out(out, force)
+    trace = load_trace(nodes, pods)
+    cl = trace.cluster()
+    types = node_types(cl)
+    all_pods = [p.pod for p in trace.pods]
+    runs = static_runs(str(nodes), str(pods), ["fgd"], seed_list, tune)
+    for g in price_list:
+        runs += static_runs(str(nodes), str(pods), ["fgd"], seed_list, tune, ["repack"], max_moves,
+                            gib_per_gpu=g, move_budget=move_budget, gib_budget=gib_budget)
+    with _progress() as prog:
+        task = prog.add_task("replays", total=len(runs))
+        results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
+    n = len(seed_list)
+    plain, priced = results[:n], {g: results[n * (i + 1):n * (i + 2)] for i, g in enumerate(price_list)}
+    bound = sorted(resource_bound(arrived_prefix(build_workload(all_pods, cl.capacity_milli, s, tune),
+                                                 cl.capacity_milli), types, time_limit_s=time_limit).unallocated_pct
+                   for s in seed_list)[(n - 1) // 2: n // 2 + 1]
+    rows = tradeoff_summary(plain, priced, sum(bound) / len(bound))
+    meta = {"nodes": str(nodes), "pods": str(pods), "seeds": seed_list, "tune": tune,
+            "moves": f"≤ {max_moves} per rescued pod, ≤ {move_budget} per placed pod over the run",
+            "GiB cap per run": gib_budget or "none",
+            "bound": "sim/bound_resource.py (per-node CPU, memory, GPU models; never below the arc-flow bound)"}
+    with staged_folder(out) as tmp:
+        write_tradeoff(tmp, rows, meta)
+    if json_out:
+        emit_json(_clean({"out": str(out), "rows": rows}))
+        return
+    t = Table("GiB / GPU", "unallocated @100 %", "gap closed", "GiB moved", "moves", "moves / placed pod",
+              title=f"FGD + repack by move price (FGD {float(rows[0]['fgd_100']):.2f} %, "  # type: ignore[arg-type]
+                    f"bound {float(rows[0]['lower_bound_100']):.2f} %)")  # type: ignore[arg-type]
+    for r in rows:
+        t.add_row(f"{float(r['gib_per_gpu']):g}", f"{float(r['unalloc_100']):.2f}",  # type: ignore[arg-type]
+                  f"{100 * float(r['gap_closed']):.0f} %", f"{float(r['moved_gib']):,.0f}",  # type: ignore[arg-type]
+                  f"{float(r['moves']):.0f}", f"{float(r['moves_per_placed_pod']):.4f}")  # type: ignore[arg-type]
+    console.print(t)
+    console.print(f"wrote {escape(str(out))}/report.md and tradeoff.png")
+
+
 @sim_app.command("bound")
 def bound_cmd(
     nodes: Path = typer.Option(..., "--nodes", help="Node list CSV"),

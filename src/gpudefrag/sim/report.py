@@ -208,6 +208,67 @@ def _markdown_static(folder: Path, summary: Sequence[Mapping[str, object]], boun
     (folder / "report.md").write_text("\n".join(lines) + "\n")
 
 
+# ---------------------------------------------------------------------------------------------- trade-off
+def tradeoff_summary(plain: Sequence[ReplayResult], priced: Mapping[float, Sequence[ReplayResult]],
+                     bound_pct: float) -> list[dict[str, object]]:
+    """One row per move price (GiB per GPU placed; 0 = free): medians over seeds of unallocated % at 100 %,
+    the share of the FGD → bound gap it closes, GiB moved, moves and moves per placed pod."""
+    fgd = float(np.median([r.unallocated_at(100) for r in plain]))
+    rows: list[dict[str, object]] = []
+    for price, rs in sorted(priced.items(), key=lambda kv: (kv[0] != 0, -kv[0])):  # free, then dearest first
+        u = float(np.median([r.unallocated_at(100) for r in rs]))
+        rows.append({
+            "gib_per_gpu": price, "seeds": len(rs), "unalloc_100": u, "fgd_100": fgd, "lower_bound_100": bound_pct,
+            "gap_closed": (fgd - u) / (fgd - bound_pct) if fgd > bound_pct else float("nan"),
+            "moved_gib": float(np.median([r.stats.moved_bytes for r in rs])) / 2**30,
+            "moves": float(np.median([r.stats.moves for r in rs])),
+            "moves_per_placed_pod": float(np.median([r.stats.moves / max(int(r.placed.sum()), 1) for r in rs])),
+            "seconds_median": float(np.median([r.seconds for r in rs])),
+        })
+    return rows
+
+
+def write_tradeoff(folder: Path, rows: Sequence[Mapping[str, object]], meta: Mapping[str, object]) -> None:
+    """`tradeoff.csv`, `tradeoff.png` (unallocated % against GiB moved and against moves per placed pod) and
+    `report.md`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "tradeoff.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    fgd, lb = float(rows[0]["fgd_100"]), float(rows[0]["lower_bound_100"])  # type: ignore[arg-type]
+    for ax, key, label in ((axes[0], "moved_gib", "GiB of checkpoints moved per run"),
+                           (axes[1], "moves_per_placed_pod", "moves per placed pod")):
+        xs = [float(r[key]) for r in rows]  # type: ignore[arg-type]
+        ys = [float(r["unalloc_100"]) for r in rows]  # type: ignore[arg-type]
+        ax.plot(xs, ys, "o-", color="tab:blue")
+        for r, x, y in zip(rows, xs, ys, strict=True):
+            name = "free" if not r["gib_per_gpu"] else f"{float(r['gib_per_gpu']):g} GiB/GPU"  # type: ignore[arg-type]
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.axhline(fgd, ls="--", color="tab:red", label=f"FGD, no moves ({fgd:.2f} %)")
+        ax.axhline(lb, ls=":", color="black", label=f"lower bound ({lb:.2f} %)")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("unallocated GPU % at 100 % arrived")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("FGD + repack: GPUs recovered against what the moves cost")
+    fig.tight_layout()
+    fig.savefig(folder / "tradeoff.png", dpi=120)
+    plt.close(fig)
+    lines = ["# Move price trade-off (FGD + repack)", ""] + [f"- {k}: {v}" for k, v in meta.items()] + [""]
+    lines += ["| GiB per GPU placed | unallocated @100 % | share of the FGD → bound gap | GiB moved | moves | "
+              "moves / placed pod |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {float(r['gib_per_gpu']):g} | {float(r['unalloc_100']):.2f} | "  # type: ignore[arg-type]
+                     f"{100 * float(r['gap_closed']):.0f} % | {float(r['moved_gib']):,.0f} | "  # type: ignore[arg-type]
+                     f"{float(r['moves']):.0f} | {float(r['moves_per_placed_pod']):.4f} |")  # type: ignore[arg-type]
+    lines += ["", f"FGD without moves: {fgd:.2f} %; lower bound: {lb:.2f} %. 0 = moves priced at nothing.", "",
+              "![trade-off](tradeoff.png)", "", "Files: `tradeoff.csv`."]
+    (folder / "report.md").write_text("\n".join(lines) + "\n")
+
+
 # ---------------------------------------------------------------------------------------------- dynamic
 def dynamic_summary(results: Sequence[DynamicResult]) -> list[dict[str, object]]:
     rows = []
