@@ -128,6 +128,7 @@ class MovesRow:
     per_placed: float = 0.0  # median moves per placed pod
     bound: float = float("nan")  # the list's tighter lower bound on unallocated % (median over the seeds)
     fgd: float = float("nan")  # plain FGD's unallocated % on the same seeds
+    clearable: float = 0.0  # median multi-GPU pods that failed while relief or a repack could have placed them
 
     @property
     def gap_closed(self) -> float:
@@ -141,7 +142,8 @@ def moves_for(res: Sequence[ReplayResult]) -> MovesRow:
         float(np.median([r.stats.moves + r.stats.evicted_lost for r in res])),
         float(np.median([r.stats.evicted_lost for r in res])),
         float(np.median([r.stats.moved_bytes for r in res])) / 2**30, float(np.median([r.seconds for r in res])),
-        float(np.median([r.stats.moves / max(int(r.placed.sum()), 1) for r in res])))
+        float(np.median([r.stats.moves / max(int(r.placed.sum()), 1) for r in res])),
+        clearable=float(np.median([r.stats.multi_gpu_failed_clearable for r in res])))
 
 
 def deschedule_ratio(plain: Sequence[ReplayResult], moved: Sequence[ReplayResult]) -> float:
@@ -213,13 +215,14 @@ def compare_moves(trace: Path, name: str, seeds: Sequence[int], workers: int,
 def moves_table(rows: Sequence[MovesRow]) -> Table:
     t = Table(title="At equal moved pods: unallocated GPU % at 100 % arrived (median over seeds)")
     for col in ("list", "configuration", "unallocated @100", "gap closed", "moved pods", "moves/placed pod",
-                "of them lost", "GiB moved", "s/run"):
+                "of them lost", "GiB moved", "clearable multi-GPU failures", "s/run"):
         t.add_column(col, justify="left" if col in ("list", "configuration") else "right")
     last = ""
     for r in rows:
         t.add_row(r.name if r.name != last else "", r.config, f"{r.unallocated_100:.2f}",
                   "" if r.config == "fgd" else f"{100 * r.gap_closed:.0f} %", f"{r.moved_pods:.0f}",
-                  f"{r.per_placed:.4f}", f"{r.lost:.0f}", f"{r.moved_gib:,.0f}", f"{r.seconds:.0f}")
+                  f"{r.per_placed:.4f}", f"{r.lost:.0f}", f"{r.moved_gib:,.0f}", f"{r.clearable:.0f}",
+                  f"{r.seconds:.0f}")
         last = r.name
     return t
 
@@ -316,10 +319,11 @@ def main() -> int:
                           f"{r.seconds:.0f} s/run)")
             if out:
                 _append(out / "moves.csv", ["list", "config", "unallocated_100", "moved_pods", "lost", "moved_gib",
-                                            "seconds", "moves_per_placed_pod", "bound", "fgd", "gap_closed"],
+                                            "seconds", "moves_per_placed_pod", "bound", "fgd", "gap_closed",
+                                            "multi_gpu_failed_clearable"],
                         [[r.name, r.config, f"{r.unallocated_100:.4f}", r.moved_pods, r.lost, f"{r.moved_gib:.1f}",
                           f"{r.seconds:.1f}", f"{r.per_placed:.5f}", f"{r.bound:.4f}", f"{r.fgd:.4f}",
-                          f"{r.gap_closed:.4f}"]])
+                          f"{r.gap_closed:.4f}", r.clearable]])
 
         for name in args.moves_lists.split(","):
             rows += compare_moves(trace, name, _seeds(args.moves_seeds), args.workers, on_row=done, prices=prices)

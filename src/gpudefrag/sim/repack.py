@@ -170,6 +170,7 @@ class ChainRepacker:
     check_clearable: bool = True  # count multi-GPU failures that unlimited moves would have rescued
     last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)
     _failed: dict[tuple[int, tuple[str, ...]], list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
+    _priced: set[tuple[tuple[int, tuple[str, ...]], tuple[int, int, int]]] = field(default_factory=set, repr=False)
     _state: tuple[int, int, int] = (-1, -1, -1)
     _pool_memo: dict = field(default_factory=dict, repr=False)
     _priced_out: bool = field(default=False, repr=False)
@@ -189,10 +190,11 @@ class ChainRepacker:
         # a pod at least as large as one that found no repack on this very cluster state is not searched again
         state = (cl.allocated_milli, int(cl.cpu_free.sum()), limit)
         if state != self._state:
-            self._state, self._failed = state, {}
+            self._state, self._failed, self._priced = state, {}, set()
         key = (pod.num_gpu, pod.gpu_models)
         dims = (pod.gpu_milli, pod.cpu_milli, pod.memory_mib)
-        known = covered(dims, self._failed.get(key, ()))
+        # and a pod of the very same shape that was priced out here would be priced out again (its cap is the same)
+        known = covered(dims, self._failed.get(key, ())) or (key, dims) in self._priced
         if limit > 0 and not known:
             s = _Search(cl, placed, policy, rng, limit)
             self._priced_out = False
@@ -208,6 +210,8 @@ class ChainRepacker:
                 s.undo()  # found, but it moves more than it is worth: the next stage may do it cheaper
             if not self._priced_out:  # (a priced-out pod proves nothing about a larger one)
                 self._failed.setdefault(key, []).append(dims)
+            else:
+                self._priced.add((key, dims))
         if self.check_clearable and pod.num_gpu > 1:
             s = _Search(cl, placed, policy, rng, BIG)
             if ((self.cpu_relief and self._relieve(s, pod, priced=False) is not None)
