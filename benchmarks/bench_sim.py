@@ -67,7 +67,7 @@ def _static(quick: bool) -> list[Row]:
                                   max_moves=16 if act == "repack" else 8,
                                   move_budget=0.05 if act == "repack" else 0.1), workers)
         u = float(np.median([r.unallocated_at(100) for r in rs]))
-        mpp = float(np.median([r.stats.moves / max(int(r.placed.sum()), 1) for r in rs]))
+        mpp = float(np.median([r.moves_per_placed_pod() for r in rs]))
         closed = (fgd100 - u) / (fgd100 - lb) if fgd100 > lb else float("nan")
         note = (f"moves/placed pod {mpp:.4f}, evictions {np.median([r.stats.evictions for r in rs]):.0f}, "
                 f"evicted pods lost {np.median([r.stats.evicted_lost for r in rs]):.0f}, moved "

@@ -129,6 +129,8 @@ class MovesRow:
     bound: float = float("nan")  # the list's tighter lower bound on unallocated % (median over the seeds)
     fgd: float = float("nan")  # plain FGD's unallocated % on the same seeds
     clearable: float = 0.0  # median multi-GPU pods that failed while relief or a repack could have placed them
+    gib_at_100: float = 0.0  # GiB moved up to the end of the 100 % arrived point (the moves that shaped it)
+    per_placed_at_100: float = 0.0  # moves per placed pod up to there
 
     @property
     def gap_closed(self) -> float:
@@ -142,8 +144,10 @@ def moves_for(res: Sequence[ReplayResult]) -> MovesRow:
         float(np.median([r.stats.moves + r.stats.evicted_lost for r in res])),
         float(np.median([r.stats.evicted_lost for r in res])),
         float(np.median([r.stats.moved_bytes for r in res])) / 2**30, float(np.median([r.seconds for r in res])),
-        float(np.median([r.stats.moves / max(int(r.placed.sum()), 1) for r in res])),
-        clearable=float(np.median([r.stats.multi_gpu_failed_clearable for r in res])))
+        float(np.median([r.moves_per_placed_pod() for r in res])),
+        clearable=float(np.median([r.stats.multi_gpu_failed_clearable for r in res])),
+        gib_at_100=float(np.median([r.moves_at_100.moved_bytes for r in res])) / 2**30,
+        per_placed_at_100=float(np.median([r.moves_per_placed_pod(True) for r in res])))
 
 
 def deschedule_ratio(plain: Sequence[ReplayResult], moved: Sequence[ReplayResult]) -> float:
@@ -320,10 +324,12 @@ def main() -> int:
             if out:
                 _append(out / "moves.csv", ["list", "config", "unallocated_100", "moved_pods", "lost", "moved_gib",
                                             "seconds", "moves_per_placed_pod", "bound", "fgd", "gap_closed",
-                                            "multi_gpu_failed_clearable"],
+                                            "multi_gpu_failed_clearable", "moved_gib_at_100",
+                                            "moves_per_placed_pod_at_100"],
                         [[r.name, r.config, f"{r.unallocated_100:.4f}", r.moved_pods, r.lost, f"{r.moved_gib:.1f}",
                           f"{r.seconds:.1f}", f"{r.per_placed:.5f}", f"{r.bound:.4f}", f"{r.fgd:.4f}",
-                          f"{r.gap_closed:.4f}", r.clearable]])
+                          f"{r.gap_closed:.4f}", r.clearable, f"{r.gib_at_100:.1f}",
+                          f"{r.per_placed_at_100:.5f}"]])
 
         for name in args.moves_lists.split(","):
             rows += compare_moves(trace, name, _seeds(args.moves_seeds), args.workers, on_row=done, prices=prices)

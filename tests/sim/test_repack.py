@@ -240,3 +240,28 @@ def test_the_runs_gib_budget_caps_what_all_rescues_write_together(tmp_path):
     capped_gib, capped_moves = moved(half)
     assert 0 < capped_gib <= half + 1e-9 and 0 < capped_moves < free_moves
     assert moved(1e-9) == (0.0, 0)
+
+
+def test_the_moves_up_to_the_100_percent_point_are_those_of_the_run_cut_there(tmp_path):
+    # the run cut after the 100 % bucket makes exactly the moves the whole run made by then (replay is
+    # deterministic); here rescues happen before the bucket, inside it and after it
+    from gpudefrag.sim.replay import build_workload
+    from gpudefrag.sim.trace import load_trace
+
+    nodes = [f"n{i},32000,262144,2,T4" for i in range(12)]
+    shares = [230, 650, 410, 810, 320, 650, 590, 230, 650, 810, 650, 230, 320, 320, 320, 110, 320, 810, 320, 810, 590,
+              320, 1000, 1000, 320, 110, 110, 230, 1000, 320, 650, 410, 410, 110, 470, 410, 470, 1000, 410, 590, 470,
+              1000, 650, 320, 110, 590, 810, 1000]
+    n, p = write_trace(tmp_path, nodes, [pod_row(i, 2000, 1, m) for i, m in enumerate(shares)])
+    tr = load_trace(n, p)
+    wl = build_workload([x.pod for x in tr.pods], tr.cluster().capacity_milli, 1, 1.3)
+
+    def run(k: int):
+        return replay(tr.cluster(), wl[:k], "fgd", seed=1, defrag=ChainRepacker(max_moves=16, budget=10))
+
+    whole = run(len(wl))
+    part = run(int((whole.arrived_pct < 100.5).sum()))
+    before = run(int((whole.arrived_pct < 99.5).sum()))
+    assert 0 < before.stats.moves < part.stats.moves < whole.stats.moves
+    assert whole.moves_at_100 == part.stats
+    assert whole.moves_per_placed_pod(True) == part.moves_per_placed_pod()

@@ -315,12 +315,15 @@ def tradeoff_cmd(
         emit_json(_clean({"out": str(out), "rows": rows}))
         return
     t = Table("GiB / GPU", "unallocated @100 %", "gap closed", "GiB moved", "moves", "moves / placed pod",
+              "GiB by 100 %", "moves / placed pod by 100 %",
               title=f"FGD + repack by move price (FGD {float(rows[0]['fgd_100']):.2f} %, "  # type: ignore[arg-type]
                     f"bound {float(rows[0]['lower_bound_100']):.2f} %)")  # type: ignore[arg-type]
     for r in rows:
         t.add_row(f"{float(r['gib_per_gpu']):g}", f"{float(r['unalloc_100']):.2f}",  # type: ignore[arg-type]
                   f"{100 * float(r['gap_closed']):.0f} %", f"{float(r['moved_gib']):,.0f}",  # type: ignore[arg-type]
-                  f"{float(r['moves']):.0f}", f"{float(r['moves_per_placed_pod']):.4f}")  # type: ignore[arg-type]
+                  f"{float(r['moves']):.0f}", f"{float(r['moves_per_placed_pod']):.4f}",  # type: ignore[arg-type]
+                  f"{float(r['moved_gib_at_100']):,.0f}",  # type: ignore[arg-type]
+                  f"{float(r['moves_per_placed_pod_at_100']):.4f}")  # type: ignore[arg-type]
     console.print(t)
     console.print(f"wrote {escape(str(out))}/report.md and tradeoff.png")
 
