@@ -265,3 +265,20 @@ def test_the_moves_up_to_the_100_percent_point_are_those_of_the_run_cut_there(tm
     assert 0 < before.stats.moves < part.stats.moves < whole.stats.moves
     assert whole.moves_at_100 == part.stats
     assert whole.moves_per_placed_pod(True) == part.moves_per_placed_pod()
+
+
+@pytest.mark.parametrize(("moves_per_gpu", "rescued"), [(1.0, False), (2.0, True), (0.0, True)])
+def test_the_moves_per_gpu_cap_refuses_a_rescue_that_moves_too_many_pods_for_what_it_places(moves_per_gpu, rescued):
+    # the two-hop chain moves two pods to place one GPU: allowed at 2 moves per GPU, refused at 1
+    want = Pod(1, MILLI)
+    cl, placed = _setup([[MILLI] * 2] * 2, CHAIN)
+    before = _snapshot(cl, placed)
+    stats = MoveStats()
+    d = ChainRepacker(max_moves=8, budget=10, moves_per_gpu=moves_per_gpu)
+    ch = d.rescue(cl, want, placed, get_policy("bestfit"), np.random.default_rng(0), stats)
+    if rescued:
+        assert ch == Choice(0, (0,)) and stats.moves == 2
+    else:
+        assert ch is None and stats.moves == 0
+        after = _snapshot(cl, placed)
+        assert all(np.array_equal(a, b) for a, b in zip(before[:5], after[:5], strict=True))

@@ -104,6 +104,9 @@ def static(
                                      "rescues stop when it is spent (0 = no cap)"),
     move_budget: float = typer.Option(0.1, "--move-budget", help="migrate, evict, repack: moves per placed pod "
                                       "the whole run may make"),
+    moves_per_gpu: float = typer.Option(0.0, "--moves-per-gpu", help="repack: pods a rescue may move per GPU it "
+                                        "places (a scarce moves budget goes to the rescues placing most per move; "
+                                        "0 = only --max-moves)"),
     deschedule_ratio: float = typer.Option(0.05, "--deschedule-ratio", help="deschedule: evict at most this "
                                            "ratio of the pods on the cluster (one pass, at the first failure)"),
     deschedule_policy: str = typer.Option("fragOnePod", "--deschedule-policy",
@@ -148,11 +151,13 @@ def static(
     else:
         trace = load_trace(nodes, pods)
         cl = trace.cluster()
-    for flag, v in (("--gib-per-gpu", gib_per_gpu), ("--gib-budget", gib_budget), ("--move-budget", move_budget)):
+    for flag, v in (("--gib-per-gpu", gib_per_gpu), ("--gib-budget", gib_budget), ("--move-budget", move_budget),
+                    ("--moves-per-gpu", moves_per_gpu)):
         if not 0 <= v < float("inf"):
             raise InputError(flag, "", f"must be a number >= 0, got {v}")
     runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""),
-                       gib_per_gpu, deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget)
+                       gib_per_gpu, deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget,
+                       moves_per_gpu)
     with _progress() as prog:
         task = prog.add_task("replays", total=len(runs))
         results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
@@ -171,6 +176,7 @@ def static(
         meta["moves"] = f"≤ {max_moves} per rescued pod, ≤ {move_budget} per placed pod over the run"
     if "repack" in acts:
         meta["repack price"] = (f"{gib_per_gpu or 'free'} GiB per GPU placed, "
+                                f"{f'≤ {moves_per_gpu} moves per GPU placed, ' if moves_per_gpu else ''}"
                                 f"{f'≤ {gib_budget} GiB' if gib_budget else 'no GiB cap'} per run")
     if "deschedule" in acts:
         meta["deschedule"] = (f"{deschedule_policy}, ratio {deschedule_ratio}, "

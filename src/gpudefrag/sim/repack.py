@@ -167,6 +167,7 @@ class ChainRepacker:
     cost_model: CostModel | None = None
     gib_per_gpu: float = 0.0  # the move price: a rescue may move at most this many GiB per GPU placed; 0 = free
     gib_budget: float = 0.0  # checkpoint GiB the whole run may write (an operator's traffic cap); 0 = no cap
+    moves_per_gpu: float = 0.0  # a rescue may move at most this many pods per GPU it places; 0 = max_moves only
     check_clearable: bool = True  # count multi-GPU failures that unlimited moves would have rescued
     last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)
     _failed: dict[tuple[int, tuple[str, ...]], list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
@@ -184,6 +185,8 @@ class ChainRepacker:
             return None
         room = int(self.budget * max(len(placed.pods), 1)) - stats.moves
         limit = min(self.max_moves, room)
+        if self.moves_per_gpu > 0:  # a scarce moves budget goes to the rescues that place the most per move
+            limit = min(limit, int(self.moves_per_gpu * pod.gpu_total / MILLI))
         self._gib_left = self.gib_budget - stats.moved_bytes / GIB if self.gib_budget > 0 else math.inf
         if self._gib_left <= 0:
             limit = 0
