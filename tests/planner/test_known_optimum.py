@@ -228,3 +228,22 @@ def test_multi_node_request_clears_two_distinct_nodes(pb, solver):
     assert sorted(p.node for p in plan.placements) == ["a", "b"]
     assert set(moved(plan)) == {"a1", "b1"}
     assert all(m.target in ("c", "d") for m in plan.moves)
+
+
+def test_exact_finds_the_chain_when_a_cheaper_answer_is_a_cycle(pb):
+    # landing 700 milli on b0 needs g (300) off it; g fits only where d (200) leaves a0-2, and d only where j
+    # (100) leaves b2, which j may do into a0-2: the chain j, d, g. Cheaper answers of the model trade places in
+    # a cycle no order can execute; the exact solver must cut them and still prove the chain optimal.
+    def share(jid, on, gpu, milli):
+        return pb.job(jid, 1, None, gpu_milli=milli, gib=32 * milli / 1000) | {
+            "state": "running", "placements": [{"node": on, "gpus": [gpu]}], "last_checkpoint_at": pb.NOW}
+
+    work = [pb.job("a0", 1, "a", gib=32), pb.job("a1", 1, "a", gib=32), share("c", "a", 2, 600),
+            share("d", "a", 2, 200), share("e", "b", 0, 200), share("f", "b", 0, 100), share("g", "b", 0, 300),
+            pb.job("h", 1, "b", gib=32), share("i", "b", 2, 800), share("j", "b", 2, 100),
+            pb.job("k", 2, "c", gib=64)]
+    state = pb.build([pb.node("a", gpus=3), pb.node("b", gpus=3), pb.node("c", gpus=2)], work)
+    plan = plan_moves(state, Request(1, gpu_milli=700), PlanOptions(solver="exact", max_moves=4))
+    check_plan(state, plan, "exact")
+    assert [m.workload_id for m in plan.moves] == ["j", "d", "g"]
+    assert plan.placements[0].node == "b"

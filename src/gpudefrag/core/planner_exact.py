@@ -312,17 +312,37 @@ def cp_sat(p: Problem, parts: list[Part], hint: Work | None, *, only_node: int |
             m.AddHint(v, 1 if key in chosen else 0)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit or opts.time_limit_s
+    limit = time_limit or opts.time_limit_s
     solver.parameters.num_workers = max(1, opts.workers)
     solver.parameters.random_seed = 1
-    status = solver.Solve(m)
-    wall = solver.WallTime()
-    if status == cp_model.INFEASIBLE:
-        return Answer("infeasible", None, wall)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Answer("unknown", None, wall)
+    literals = [*x.values(), *z.values(), *a.values(), *y.values()]
+    wall = 0.0
+    for _try in range(_ORDER_TRIES):
+        solver.parameters.max_time_in_seconds = max(limit - wall, 0.01)
+        status = solver.Solve(m)
+        wall += solver.WallTime()
+        if status == cp_model.INFEASIBLE:  # (the assignments cut off below could not be ordered: still a proof)
+            return Answer("infeasible", None, wall)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return Answer("unknown", None, wall)
+        got = _read(p, parts, solver, x, z, a, y)
+        if got is not None:
+            assert movable_set.issuperset(got[1])
+            return Answer("optimal" if status == cp_model.OPTIMAL else "feasible", got[0], wall)
+        # two moves take each other's room (a cycle no order can execute): exclude exactly this assignment
+        # and solve again; a larger set of moves that breaks the cycle stays allowed
+        m.AddBoolOr([v.Not() if solver.Value(v) else v for v in literals])
+        if wall >= limit:
+            break
+    return Answer("unorderable", None, wall)
 
-    # read the answer: targets and GPUs of moved workloads, GPUs of the parts
+
+_ORDER_TRIES = 50  # re-solves after an assignment whose moves cannot be ordered
+
+
+def _read(p: Problem, parts: list[Part], solver: cp_model.CpSolver, x: dict, z: dict, a: dict,
+          y: dict) -> tuple[Work, dict[int, int]] | None:
+    """The answer as a working state with its moves in an executable order, or None if they form a cycle."""
     dest: dict[int, int] = {wi: n for (wi, n), v in x.items() if solver.Value(v)}
     gpus_of: dict[object, tuple[int, ...]] = {}
     for (who, _n, g), v in z.items():
@@ -348,11 +368,10 @@ def cp_sat(p: Problem, parts: list[Part], hint: Work | None, *, only_node: int |
             del pool[n][: parts[k].gpus]
     work = _sequence(p, dest, gpus_of)
     if work is None:
-        return Answer("unorderable", None, wall)
+        return None
     for k in range(len(parts)):
         work.reserve(parts[k], place[k], gpus_of[("p", k)])
-    assert movable_set.issuperset(dest)
-    return Answer("optimal" if status == cp_model.OPTIMAL else "feasible", work, wall)
+    return work, dest
 
 
 def _sequence(p: Problem, dest: dict[int, int], gpus_of: dict[object, tuple[int, ...]]) -> Work | None:
