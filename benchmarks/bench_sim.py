@@ -133,7 +133,7 @@ def _moves(quick: bool) -> list[Row]:
         rows.append(Row(
             AREA, f"{name}: multi-GPU pods failed that relief or a repack could have placed", rep.clearable, "pods",
             "0", rep.clearable == 0,
-            note=f"priced (its GiB cap spent, by design) {priced.clearable:.0f}; seed 42"))
+            note=f"{rep.over_budget:.0f} more only with more moves than the budget allows; seed 42"))
         rows.append(Row(
             AREA, f"{name}: {priced.config.removeprefix('fgd+')}: share of the gap", 100 * priced.gap_closed, "%",
             ">= 55 % at <= 5,000 GiB", bytes_ok, baseline=f"FGD {priced.fgd:.2f}, bound {priced.bound:.2f}",

@@ -129,6 +129,7 @@ class MovesRow:
     bound: float = float("nan")  # the list's tighter lower bound on unallocated % (median over the seeds)
     fgd: float = float("nan")  # plain FGD's unallocated % on the same seeds
     clearable: float = 0.0  # median multi-GPU pods that failed while relief or a repack could have placed them
+    over_budget: float = 0.0  # ... that only more moves or bytes than the repacker's limits would have placed
     gib_at_100: float = 0.0  # GiB moved up to the end of the 100 % arrived point (the moves that shaped it)
     per_placed_at_100: float = 0.0  # moves per placed pod up to there
 
@@ -146,6 +147,7 @@ def moves_for(res: Sequence[ReplayResult]) -> MovesRow:
         float(np.median([r.stats.moved_bytes for r in res])) / 2**30, float(np.median([r.seconds for r in res])),
         float(np.median([r.moves_per_placed_pod() for r in res])),
         clearable=float(np.median([r.stats.multi_gpu_failed_clearable for r in res])),
+        over_budget=float(np.median([r.stats.multi_gpu_failed_over_budget for r in res])),
         gib_at_100=float(np.median([r.moves_at_100.moved_bytes for r in res])) / 2**30,
         per_placed_at_100=float(np.median([r.moves_per_placed_pod(True) for r in res])))
 
@@ -325,11 +327,11 @@ def main() -> int:
                 _append(out / "moves.csv", ["list", "config", "unallocated_100", "moved_pods", "lost", "moved_gib",
                                             "seconds", "moves_per_placed_pod", "bound", "fgd", "gap_closed",
                                             "multi_gpu_failed_clearable", "moved_gib_at_100",
-                                            "moves_per_placed_pod_at_100"],
+                                            "moves_per_placed_pod_at_100", "multi_gpu_failed_over_budget"],
                         [[r.name, r.config, f"{r.unallocated_100:.4f}", r.moved_pods, r.lost, f"{r.moved_gib:.1f}",
                           f"{r.seconds:.1f}", f"{r.per_placed:.5f}", f"{r.bound:.4f}", f"{r.fgd:.4f}",
                           f"{r.gap_closed:.4f}", r.clearable, f"{r.gib_at_100:.1f}",
-                          f"{r.per_placed_at_100:.5f}"]])
+                          f"{r.per_placed_at_100:.5f}", r.over_budget]])
 
         for name in args.moves_lists.split(","):
             rows += compare_moves(trace, name, _seeds(args.moves_seeds), args.workers, on_row=done, prices=prices)

@@ -123,16 +123,21 @@ def test_cpu_short_node_sheds_a_cpu_only_pod():
     assert _consistent(cl, placed, [(want, ch)])
 
 
-def test_multi_gpu_pod_clearable_is_counted_when_no_budget():
-    # a 2-GPU pod needs node 0 cleared (two small pods that fit on node 1); no budget: not done, but counted
+def test_multi_gpu_pod_clearable_is_counted_as_over_budget_when_no_budget():
+    # a 2-GPU pod needs node 0 cleared (two small pods that fit on node 1); no budget: not done, but counted as
+    # a failure that only more moves than allowed would have avoided (not a miss of the search)
     s1, s2 = Pod(1, 100), Pod(1, 150)
     cl, placed = _setup([[MILLI] * 2, [MILLI]], [(s1, Choice(0, (0,))), (s2, Choice(0, (1,)))])
     before = _snapshot(cl, placed)
     stats = MoveStats()
     d = ChainRepacker(budget=0.0)
     assert d.rescue(cl, Pod(2, MILLI), placed, get_policy("bestfit"), np.random.default_rng(0), stats) is None
-    assert stats.multi_gpu_failed_clearable == 1 and stats.moves == 0
+    assert stats.multi_gpu_failed_over_budget == 1 and stats.multi_gpu_failed_clearable == 0 and stats.moves == 0
     assert all(np.array_equal(a, b) for a, b in zip(before[:5], _snapshot(cl, placed)[:5], strict=True))
+    # with one move per rescue allowed the search still needs two: over budget again; with two it places it
+    assert ChainRepacker(budget=10, max_moves=1).rescue(cl, Pod(2, MILLI), placed, get_policy("bestfit"),
+                                                        np.random.default_rng(0), stats) is None
+    assert stats.multi_gpu_failed_over_budget == 2 and stats.multi_gpu_failed_clearable == 0
 
 
 @pytest.mark.parametrize("seed", range(6))

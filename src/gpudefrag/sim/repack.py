@@ -32,7 +32,8 @@ and relief and the pool repack then look for the rescue that writes the fewest b
 budget (`gib_budget`, the checkpoint traffic an operator allows) caps the GiB all rescues together may write.
 Moves are priced by core.cost, as the planner prices them. Multi-GPU
 pods that fail are checked once more with unlimited moves (not applied) and counted in
-`MoveStats.multi_gpu_failed_clearable` when relief or a repack could have placed them.
+`MoveStats.multi_gpu_failed_clearable` when relief or a repack within the rescue's limits (moves, budget, price)
+could have placed them, in `multi_gpu_failed_over_budget` when only more than the limits allow could have.
 """
 
 from __future__ import annotations
@@ -219,7 +220,10 @@ class ChainRepacker:
             s = _Search(cl, placed, policy, rng, BIG)
             if ((self.cpu_relief and self._relieve(s, pod, priced=False) is not None)
                     or self._try(s, pod, priced=False) is not None):
-                stats.multi_gpu_failed_clearable += 1
+                if len(s.moved()) <= limit and self._worth_it(s, pod):
+                    stats.multi_gpu_failed_clearable += 1  # within its limits: the search missed it
+                else:
+                    stats.multi_gpu_failed_over_budget += 1  # only more moves or bytes than allowed would do
             s.undo()
         return None
 

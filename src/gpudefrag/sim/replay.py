@@ -66,6 +66,7 @@ class MoveStats:
     evicted_lost: int = 0  # evicted pods that found no room again (their work and their place are lost)
     evicted_lost_milli: int = 0
     multi_gpu_failed_clearable: int = 0  # multi-GPU pods that failed although moves could have cleared a node
+    multi_gpu_failed_over_budget: int = 0  # ... but only with more moves or bytes than the rescue's limits allow
 
 
 class Defragmenter(Protocol):

@@ -92,6 +92,7 @@ def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.nda
         row["evicted_lost"] = float(np.median([r.stats.evicted_lost for r in rs]))
         row["moved_gib"] = float(np.median([r.stats.moved_bytes for r in rs])) / 2**30
         row["multi_gpu_failed_clearable"] = float(np.median([r.stats.multi_gpu_failed_clearable for r in rs]))
+        row["multi_gpu_failed_over_budget"] = float(np.median([r.stats.multi_gpu_failed_over_budget for r in rs]))
         row["placed_at_100_median"] = float(np.median(placed100))
         row["seconds_median"] = float(np.median([r.seconds for r in rs]))
         rows.append(row)
@@ -117,12 +118,13 @@ def write_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping
         w = csv.writer(f)
         w.writerow(["policy", "seed", "pods", "failed", "unallocated_100", "moves", "evictions", "evicted_lost",
                     "moved_gib", "move_seconds", "multi_gpu_failed_clearable", "seconds", "moves_at_100",
-                    "moved_gib_at_100"])
+                    "moved_gib_at_100", "multi_gpu_failed_over_budget"])
         for r in results:
             w.writerow([r.policy, r.seed, r.pods, r.failed, f"{r.unallocated_at(100):.4f}", r.stats.moves,
                         r.stats.evictions, r.stats.evicted_lost, f"{r.stats.moved_bytes / 2**30:.2f}",
                         f"{r.stats.move_seconds:.1f}", r.stats.multi_gpu_failed_clearable, f"{r.seconds:.2f}",
-                        r.moves_at_100.moves, f"{r.moves_at_100.moved_bytes / 2**30:.2f}"])
+                        r.moves_at_100.moves, f"{r.moves_at_100.moved_bytes / 2**30:.2f}",
+                        r.stats.multi_gpu_failed_over_budget])
     if bounds:
         with (folder / "bound.csv").open("w", newline="") as f:
             w = csv.writer(f)
