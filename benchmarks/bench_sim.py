@@ -22,7 +22,7 @@ from gpudefrag.sim.bound import arrived_prefix, lower_bound
 from gpudefrag.sim.dynamic import STANDARD, simulate
 from gpudefrag.sim.experiments import run_many, static_runs
 from gpudefrag.sim.replay import build_workload
-from gpudefrag.sim.report import gap_closed
+from gpudefrag.sim.report import gap_closed, share_of_gap
 from gpudefrag.sim.synthetic import WorkloadSpec, generate
 from gpudefrag.sim.trace import load_trace
 from reproduce_fgd import TOL_100, check, reproduce, trace_dir
@@ -78,7 +78,7 @@ def _static(quick: bool) -> list[Row]:
                                   move_budget=0.05 if act == "repack" else 0.1), workers)
         u = float(np.median([r.unallocated_at(100) for r in rs]))
         mpp = float(np.median([r.moves_per_placed_pod() for r in rs]))
-        closed = (fgd100 - u) / (fgd100 - lb) if fgd100 > lb else float("nan")
+        closed = share_of_gap(fgd100, u, lb)
         note = (f"moves/placed pod {mpp:.4f}, evictions {np.median([r.stats.evictions for r in rs]):.0f}, "
                 f"evicted pods lost {np.median([r.stats.evicted_lost for r in rs]):.0f}, moved "
                 f"{np.median([r.stats.moved_bytes for r in rs]) / 2**30:.0f} GiB")

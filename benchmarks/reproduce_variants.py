@@ -37,10 +37,17 @@ from rich.console import Console
 from rich.table import Table
 
 from gpudefrag.core.placement import FGD_STUDY_POLICIES
-from gpudefrag.sim.bound import arrived_prefix
-from gpudefrag.sim.bound_resource import node_types, resource_bound
-from gpudefrag.sim.experiments import StaticRun, authors_for, median_curves, run_many, same_distribution_p, static_runs
-from gpudefrag.sim.replay import ReplayResult, build_workload
+from gpudefrag.sim.experiments import (
+    StaticRun,
+    authors_for,
+    median_curves,
+    run_many,
+    same_distribution_p,
+    static_runs,
+    tighter_bound,
+)
+from gpudefrag.sim.replay import ReplayResult
+from gpudefrag.sim.report import move_medians, share_of_gap
 from gpudefrag.sim.trace import load_trace
 from reproduce_fgd import TOL_100, trace_dir
 
@@ -136,20 +143,17 @@ class MovesRow:
     @property
     def gap_closed(self) -> float:
         """Share of the FGD → bound gap this configuration closes."""
-        return (self.fgd - self.unallocated_100) / (self.fgd - self.bound) if self.fgd > self.bound else math.nan
+        return share_of_gap(self.fgd, self.unallocated_100, self.bound)
 
 
 def moves_for(res: Sequence[ReplayResult]) -> MovesRow:
+    m = move_medians(res)
     return MovesRow(
         "", res[0].policy, float(np.median([r.unallocated_at(100) for r in res])),
-        float(np.median([r.stats.moves + r.stats.evicted_lost for r in res])),
-        float(np.median([r.stats.evicted_lost for r in res])),
-        float(np.median([r.stats.moved_bytes for r in res])) / 2**30, float(np.median([r.seconds for r in res])),
-        float(np.median([r.moves_per_placed_pod() for r in res])),
-        clearable=float(np.median([r.stats.multi_gpu_failed_clearable for r in res])),
-        over_budget=float(np.median([r.stats.multi_gpu_failed_over_budget for r in res])),
-        gib_at_100=float(np.median([r.moves_at_100.moved_bytes for r in res])) / 2**30,
-        per_placed_at_100=float(np.median([r.moves_per_placed_pod(True) for r in res])))
+        float(np.median([r.stats.moves + r.stats.evicted_lost for r in res])), m["evicted_lost"], m["moved_gib"],
+        float(np.median([r.seconds for r in res])), m["moves_per_placed_pod"],
+        clearable=m["multi_gpu_failed_clearable"], over_budget=m["multi_gpu_failed_over_budget"],
+        gib_at_100=m["moved_gib_at_100"], per_placed_at_100=m["moves_per_placed_pod_at_100"])
 
 
 def deschedule_ratio(plain: Sequence[ReplayResult], moved: Sequence[ReplayResult]) -> float:
@@ -161,16 +165,9 @@ def deschedule_ratio(plain: Sequence[ReplayResult], moved: Sequence[ReplayResult
     return math.ceil(need * 1000) / 1000
 
 
-def tighter_bound(trace: Path, name: str, seeds: Sequence[int], time_limit_s: float = 10.0) -> float:
-    """The list's tighter lower bound on unallocated % at 100 % arrived (`sim/bound_resource.py`: per-node CPU,
-    memory and GPU models, never below the arc-flow bound), median over the seeds."""
-    tr = load_trace(trace / NODES, pod_list(trace, name))
-    cl = tr.cluster()
-    types = node_types(cl)
-    pods = [p.pod for p in tr.pods]
-    return float(np.median([resource_bound(arrived_prefix(build_workload(pods, cl.capacity_milli, s, 1.3),
-                                                          cl.capacity_milli), types,
-                                           time_limit_s=time_limit_s).unallocated_pct for s in seeds]))
+def list_bound(trace: Path, name: str, seeds: Sequence[int]) -> float:
+    """The list's tighter lower bound on unallocated % at 100 % arrived, median over the seeds."""
+    return tighter_bound(load_trace(trace / NODES, pod_list(trace, name)), seeds)
 
 
 @dataclass(frozen=True)
@@ -189,7 +186,7 @@ def compare_moves(trace: Path, name: str, seeds: Sequence[int], workers: int,
     the first failure, and a pass at every failure), FGD + migrate, and the cost-aware repack (a price per GPU
     placed and a GiB cap per run); unallocated at 100 % arrived, and the share of the FGD → bound gap closed."""
     nodes, pods = str(trace / NODES), str(pod_list(trace, name))
-    bound = tighter_bound(trace, name, seeds)
+    bound = list_bound(trace, name, seeds)
     rows: list[MovesRow] = []
     fgd = math.nan
 

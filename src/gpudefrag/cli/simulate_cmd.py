@@ -57,6 +57,13 @@ def _split(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list[s
     return items
 
 
+def _non_negative(*flags: tuple[str, float]) -> None:
+    """Each (flag, value): a finite number ≥ 0, or one error naming the flag."""
+    for flag, v in flags:
+        if not 0 <= v < float("inf"):
+            raise InputError(flag, "", f"must be a number >= 0, got {v}")
+
+
 def _check_out(out: Path, force: bool) -> None:
     if out.exists() and not force:
         raise InputError(str(out), "", "output folder exists (use --force to replace it)")
@@ -151,10 +158,8 @@ def static(
     else:
         trace = load_trace(nodes, pods)
         cl = trace.cluster()
-    for flag, v in (("--gib-per-gpu", gib_per_gpu), ("--gib-budget", gib_budget), ("--move-budget", move_budget),
-                    ("--moves-per-gpu", moves_per_gpu)):
-        if not 0 <= v < float("inf"):
-            raise InputError(flag, "", f"must be a number >= 0, got {v}")
+    _non_negative(("--gib-per-gpu", gib_per_gpu), ("--gib-budget", gib_budget), ("--move-budget", move_budget),
+                  ("--moves-per-gpu", moves_per_gpu))
     runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""),
                        gib_per_gpu, deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget,
                        moves_per_gpu)
@@ -276,11 +281,8 @@ def tradeoff_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """FGD + repack at several move prices: unallocated %, the share of the FGD → bound gap, GiB and moves."""
-    from ..sim.bound import arrived_prefix
-    from ..sim.bound_resource import node_types, resource_bound
-    from ..sim.experiments import run_many, static_runs
-    from ..sim.replay import build_workload
-    from ..sim.report import staged_folder, tradeoff_summary, write_tradeoff
+    from ..sim.experiments import run_many, static_runs, tighter_bound
+    from ..sim.report import TRADEOFF_COLUMNS, staged_folder, tradeoff_cells, tradeoff_summary, write_tradeoff
     from ..sim.trace import load_trace
 
     try:
@@ -289,15 +291,10 @@ def tradeoff_cmd(
         raise InputError("--prices", "", f"expected GiB per GPU such as 0,150,400, got {prices!r}") from None
     if not price_list or not all(0 <= x < float("inf") for x in price_list):
         raise InputError("--prices", "", f"expected numbers >= 0, got {prices!r}")
-    for flag, v in (("--gib-budget", gib_budget), ("--move-budget", move_budget), ("--tune", tune)):
-        if not 0 <= v < float("inf"):
-            raise InputError(flag, "", f"must be a number >= 0, got {v}")
+    _non_negative(("--gib-budget", gib_budget), ("--move-budget", move_budget), ("--tune", tune))
     seed_list = parse_seeds(seeds)
     _check_out(out, force)
     trace = load_trace(nodes, pods)
-    cl = trace.cluster()
-    types = node_types(cl)
-    all_pods = [p.pod for p in trace.pods]
     runs = static_runs(str(nodes), str(pods), ["fgd"], seed_list, tune)
     for g in price_list:
         runs += static_runs(str(nodes), str(pods), ["fgd"], seed_list, tune, ["repack"], max_moves,
@@ -307,10 +304,7 @@ def tradeoff_cmd(
         results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
     n = len(seed_list)
     plain, priced = results[:n], {g: results[n * (i + 1):n * (i + 2)] for i, g in enumerate(price_list)}
-    bound = sorted(resource_bound(arrived_prefix(build_workload(all_pods, cl.capacity_milli, s, tune),
-                                                 cl.capacity_milli), types, time_limit_s=time_limit).unallocated_pct
-                   for s in seed_list)[(n - 1) // 2: n // 2 + 1]
-    rows = tradeoff_summary(plain, priced, sum(bound) / len(bound))
+    rows = tradeoff_summary(plain, priced, tighter_bound(trace, seed_list, tune, time_limit))
     meta = {"nodes": str(nodes), "pods": str(pods), "seeds": seed_list, "tune": tune,
             "moves": f"≤ {max_moves} per rescued pod, ≤ {move_budget} per placed pod over the run",
             "GiB cap per run": gib_budget or "none",
@@ -320,16 +314,10 @@ def tradeoff_cmd(
     if json_out:
         emit_json(_clean({"out": str(out), "rows": rows}))
         return
-    t = Table("GiB / GPU", "unallocated @100 %", "gap closed", "GiB moved", "moves", "moves / placed pod",
-              "GiB by 100 %", "moves / placed pod by 100 %",
-              title=f"FGD + repack by move price (FGD {float(rows[0]['fgd_100']):.2f} %, "  # type: ignore[arg-type]
-                    f"bound {float(rows[0]['lower_bound_100']):.2f} %)")  # type: ignore[arg-type]
+    t = Table(*TRADEOFF_COLUMNS, title=f"FGD + repack by move price (FGD {rows[0]['fgd_100']:.2f} %, "
+                                         f"bound {rows[0]['lower_bound_100']:.2f} %)")
     for r in rows:
-        t.add_row(f"{float(r['gib_per_gpu']):g}", f"{float(r['unalloc_100']):.2f}",  # type: ignore[arg-type]
-                  f"{100 * float(r['gap_closed']):.0f} %", f"{float(r['moved_gib']):,.0f}",  # type: ignore[arg-type]
-                  f"{float(r['moves']):.0f}", f"{float(r['moves_per_placed_pod']):.4f}",  # type: ignore[arg-type]
-                  f"{float(r['moved_gib_at_100']):,.0f}",  # type: ignore[arg-type]
-                  f"{float(r['moves_per_placed_pod_at_100']):.4f}")  # type: ignore[arg-type]
+        t.add_row(*tradeoff_cells(r))
     console.print(t)
     console.print(f"wrote {escape(str(out))}/report.md and tradeoff.png")
 

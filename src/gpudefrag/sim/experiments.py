@@ -208,3 +208,17 @@ def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLIC
     return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""), gib_per_gpu,
                       deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget, moves_per_gpu)
             for d in defrag for p in policies for s in seeds]
+
+
+def tighter_bound(trace: Trace, seeds: Sequence[int], tune: float = 1.3, time_limit_s: float = 10.0) -> float:
+    """The tighter lower bound on unallocated % at 100 % arrived (`sim/bound_resource.py`: per-node CPU, memory
+    and GPU models, never below the arc-flow bound), median over the seeds' workloads."""
+    from .bound import arrived_prefix
+    from .bound_resource import node_types, resource_bound  # OR-Tools and SciPy: only when a bound is asked for
+
+    cl = trace.cluster()
+    types = node_types(cl)
+    pods = [p.pod for p in trace.pods]
+    return float(np.median([
+        resource_bound(arrived_prefix(build_workload(pods, cl.capacity_milli, s, tune), cl.capacity_milli), types,
+                       time_limit_s=time_limit_s).unallocated_pct for s in seeds]))

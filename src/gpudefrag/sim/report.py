@@ -11,7 +11,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,6 +60,29 @@ def _fmt(x: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- static
+def move_medians(rs: Sequence[ReplayResult]) -> dict[str, float]:
+    """Medians over the runs of what moving cost: per placed pod and in GiB, over the whole run and up to the end
+    of the 100 % arrived point (the moves that shaped the headline number), evictions, multi-GPU failures."""
+    def med(f: Callable[[ReplayResult], float]) -> float:
+        return float(np.median([f(r) for r in rs]))
+
+    return {
+        "moves_per_placed_pod": med(lambda r: r.moves_per_placed_pod()),
+        "moves_per_placed_pod_at_100": med(lambda r: r.moves_per_placed_pod(True)),
+        "moved_gib_at_100": med(lambda r: r.moves_at_100.moved_bytes) / 2**30,
+        "evictions": med(lambda r: r.stats.evictions),
+        "evicted_lost": med(lambda r: r.stats.evicted_lost),
+        "moved_gib": med(lambda r: r.stats.moved_bytes) / 2**30,
+        "multi_gpu_failed_clearable": med(lambda r: r.stats.multi_gpu_failed_clearable),
+        "multi_gpu_failed_over_budget": med(lambda r: r.stats.multi_gpu_failed_over_budget),
+    }
+
+
+def share_of_gap(base: float, x: float, bound: float) -> float:
+    """The share of the gap between `base` (e.g. FGD's unallocated %) and the lower `bound` that `x` closes."""
+    return (base - x) / (base - bound) if base > bound else float("nan")
+
+
 def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.ndarray],
                    bounds: Sequence[BoundResult], paper: Mapping[str, float] | None = None) -> list[dict[str, object]]:
     """One row per policy: median unallocated % at the study's points, the authors' value at 100 for the
@@ -85,14 +108,7 @@ def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.nda
         else:
             row["max_abs_diff_75_130"] = float("nan")
         row["failed_pods_median"] = float(np.median([r.failed for r in rs]))
-        row["moves_per_placed_pod"] = float(np.median([r.moves_per_placed_pod() for r in rs]))
-        row["moves_per_placed_pod_at_100"] = float(np.median([r.moves_per_placed_pod(True) for r in rs]))
-        row["moved_gib_at_100"] = float(np.median([r.moves_at_100.moved_bytes for r in rs])) / 2**30
-        row["evictions"] = float(np.median([r.stats.evictions for r in rs]))
-        row["evicted_lost"] = float(np.median([r.stats.evicted_lost for r in rs]))
-        row["moved_gib"] = float(np.median([r.stats.moved_bytes for r in rs])) / 2**30
-        row["multi_gpu_failed_clearable"] = float(np.median([r.stats.multi_gpu_failed_clearable for r in rs]))
-        row["multi_gpu_failed_over_budget"] = float(np.median([r.stats.multi_gpu_failed_over_budget for r in rs]))
+        row |= move_medians(rs)
         row["placed_at_100_median"] = float(np.median(placed100))
         row["seconds_median"] = float(np.median([r.seconds for r in rs]))
         rows.append(row)
@@ -225,15 +241,22 @@ def tradeoff_summary(plain: Sequence[ReplayResult], priced: Mapping[float, Seque
         u = float(np.median([r.unallocated_at(100) for r in rs]))
         rows.append({
             "gib_per_gpu": price, "seeds": len(rs), "unalloc_100": u, "fgd_100": fgd, "lower_bound_100": bound_pct,
-            "gap_closed": (fgd - u) / (fgd - bound_pct) if fgd > bound_pct else float("nan"),
-            "moved_gib": float(np.median([r.stats.moved_bytes for r in rs])) / 2**30,
-            "moves": float(np.median([r.stats.moves for r in rs])),
-            "moves_per_placed_pod": float(np.median([r.moves_per_placed_pod() for r in rs])),
-            "moved_gib_at_100": float(np.median([r.moves_at_100.moved_bytes for r in rs])) / 2**30,
-            "moves_per_placed_pod_at_100": float(np.median([r.moves_per_placed_pod(True) for r in rs])),
-            "seconds_median": float(np.median([r.seconds for r in rs])),
+            "gap_closed": share_of_gap(fgd, u, bound_pct), "moves": float(np.median([r.stats.moves for r in rs])),
+            **move_medians(rs), "seconds_median": float(np.median([r.seconds for r in rs])),
         })
     return rows
+
+
+TRADEOFF_COLUMNS = ("GiB per GPU placed", "unallocated @100 %", "share of the FGD → bound gap", "GiB moved", "moves",
+                    "moves / placed pod", "GiB by 100 %", "moves / placed pod by 100 %")
+
+
+def tradeoff_cells(r: Mapping[str, object]) -> list[str]:
+    """One trade-off row as the report's and the command's tables print it (TRADEOFF_COLUMNS)."""
+    v = {k: float(x) for k, x in r.items() if isinstance(x, (int, float))}
+    return [f"{v['gib_per_gpu']:g}", f"{v['unalloc_100']:.2f}", f"{100 * v['gap_closed']:.0f} %",
+            f"{v['moved_gib']:,.0f}", f"{v['moves']:.0f}", f"{v['moves_per_placed_pod']:.4f}",
+            f"{v['moved_gib_at_100']:,.0f}", f"{v['moves_per_placed_pod_at_100']:.4f}"]
 
 
 def write_tradeoff(folder: Path, rows: Sequence[Mapping[str, object]], meta: Mapping[str, object]) -> None:
@@ -266,14 +289,8 @@ def write_tradeoff(folder: Path, rows: Sequence[Mapping[str, object]], meta: Map
     fig.savefig(folder / "tradeoff.png", dpi=120)
     plt.close(fig)
     lines = ["# Move price trade-off (FGD + repack)", ""] + [f"- {k}: {v}" for k, v in meta.items()] + [""]
-    lines += ["| GiB per GPU placed | unallocated @100 % | share of the FGD → bound gap | GiB moved | moves | "
-              "moves / placed pod | GiB by 100 % | moves / placed pod by 100 % |", "|---:" * 8 + "|"]
-    for r in rows:
-        lines.append(f"| {float(r['gib_per_gpu']):g} | {float(r['unalloc_100']):.2f} | "  # type: ignore[arg-type]
-                     f"{100 * float(r['gap_closed']):.0f} % | {float(r['moved_gib']):,.0f} | "  # type: ignore[arg-type]
-                     f"{float(r['moves']):.0f} | {float(r['moves_per_placed_pod']):.4f} | "  # type: ignore[arg-type]
-                     f"{float(r['moved_gib_at_100']):,.0f} | "  # type: ignore[arg-type]
-                     f"{float(r['moves_per_placed_pod_at_100']):.4f} |")  # type: ignore[arg-type]
+    lines += ["| " + " | ".join(TRADEOFF_COLUMNS) + " |", "|---:" * len(TRADEOFF_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(tradeoff_cells(r)) + " |" for r in rows]
     lines += ["", f"FGD without moves: {fgd:.2f} %; lower bound: {lb:.2f} %. 0 = moves priced at nothing. The run "
               "goes on to 130 % arrived; 'by 100 %' counts the moves made up to the end of the 100 % point, the "
               "only ones that shaped its result.", "",
