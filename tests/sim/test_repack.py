@@ -10,8 +10,8 @@ from gpudefrag.core.placement import Choice, Cluster, Pod, get_policy
 from gpudefrag.sim.defrag import ArrayDefragmenter
 from gpudefrag.sim.experiments import run_one, static_runs
 from gpudefrag.sim.repack import ChainRepacker
-from gpudefrag.sim.replay import MoveStats, Placed, allocation_ok, replay
-from gpudefrag.sim.trace import fgd_mix
+from gpudefrag.sim.replay import MoveStats, Placed, allocation_ok, build_workload, replay
+from gpudefrag.sim.trace import fgd_mix, load_trace
 
 from .conftest import make_cluster, pod_row, write_trace
 
@@ -134,7 +134,7 @@ def test_multi_gpu_pod_clearable_is_counted_as_over_budget_when_no_budget():
     assert d.rescue(cl, Pod(2, MILLI), placed, get_policy("bestfit"), np.random.default_rng(0), stats) is None
     assert stats.multi_gpu_failed_over_budget == 1 and stats.multi_gpu_failed_clearable == 0 and stats.moves == 0
     assert all(np.array_equal(a, b) for a, b in zip(before[:5], _snapshot(cl, placed)[:5], strict=True))
-    # with one move per rescue allowed the search still needs two: over budget again; with two it places it
+    # with one move per rescue allowed the search still needs two: over budget again
     assert ChainRepacker(budget=10, max_moves=1).rescue(cl, Pod(2, MILLI), placed, get_policy("bestfit"),
                                                         np.random.default_rng(0), stats) is None
     assert stats.multi_gpu_failed_over_budget == 2 and stats.multi_gpu_failed_clearable == 0
@@ -250,9 +250,6 @@ def test_the_runs_gib_budget_caps_what_all_rescues_write_together(tmp_path):
 def test_the_moves_up_to_the_100_percent_point_are_those_of_the_run_cut_there(tmp_path):
     # the run cut after the 100 % bucket makes exactly the moves the whole run made by then (replay is
     # deterministic); here rescues happen before the bucket, inside it and after it
-    from gpudefrag.sim.replay import build_workload
-    from gpudefrag.sim.trace import load_trace
-
     nodes = [f"n{i},32000,262144,2,T4" for i in range(12)]
     shares = [230, 650, 410, 810, 320, 650, 590, 230, 650, 810, 650, 230, 320, 320, 320, 110, 320, 810, 320, 810, 590,
               320, 1000, 1000, 320, 110, 110, 230, 1000, 320, 650, 410, 410, 110, 470, 410, 470, 1000, 410, 590, 470,
