@@ -21,6 +21,7 @@ from rich.table import Table
 
 from gpudefrag.core.placement import FGD_STUDY_POLICIES
 from gpudefrag.sim.experiments import PAPER_AT_100, author_curves, median_curves, run_many, static_runs
+from gpudefrag.sim.report import max_abs_diff
 
 REPO = Path(__file__).resolve().parents[1]
 TOL_100 = {p: (1.0 if p == "random" else 0.5) for p in FGD_STUDY_POLICIES}
@@ -49,7 +50,7 @@ def check(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> dict[st
         if a is None:
             continue
         d100 = abs(m[100] - a[100])
-        dmax = float(np.nanmax(np.abs(m[75:131] - a[75:131])))
+        dmax = max_abs_diff(m, a)
         out[p] = (d100, dmax, d100 <= TOL_100.get(p, 0.5) and dmax <= 1.0)
     return out
 

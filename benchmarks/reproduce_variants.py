@@ -47,7 +47,7 @@ from gpudefrag.sim.experiments import (
     tighter_bound,
 )
 from gpudefrag.sim.replay import ReplayResult
-from gpudefrag.sim.report import move_medians, share_of_gap
+from gpudefrag.sim.report import max_abs_diff, move_medians, share_of_gap
 from gpudefrag.sim.trace import load_trace
 from reproduce_fgd import TOL_100, trace_dir
 
@@ -84,7 +84,7 @@ class ListResult:
             if a is None:
                 continue
             d100 = abs(float(m[100] - a[100]))
-            dmax = float(np.nanmax(np.abs(m[75:131] - a[75:131])))
+            dmax = max_abs_diff(m, a)
             mine = [r.unallocated_at(100) for r in self.results if r.policy == p]
             theirs = self.their_runs[p][:, 100] if p in self.their_runs else []
             out[p] = (float(m[100]), d100, dmax, d100 <= TOL_100.get(p, 0.5), same_distribution_p(mine, theirs))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 from gpudefrag.core.model import MILLI
 from gpudefrag.core.placement import Pod
-from gpudefrag.sim.replay import allocation_ok, bucket_means, build_workload, replay
+from gpudefrag.sim.replay import allocation_ok, bucket_means, build_workload, percentile_curve, replay
+from gpudefrag.sim.report import max_abs_diff
 
 from .conftest import make_cluster
 
@@ -74,3 +77,19 @@ def test_bucket_means_round_to_the_nearest_percent():
     assert m[1] == pytest.approx(0.75)
     assert np.isnan(m[2])
     assert m[3] == pytest.approx(2.0)
+
+
+def test_curves_of_a_short_pod_list_keep_nan_where_no_run_arrived_and_say_nothing():
+    """A pod list that never reaches 130 % leaves NaN at the points no run reached: the median and quartiles
+    there are NaN (not a number made up, not numpy's all-NaN warning on the user's terminal), elsewhere the
+    ordinary ones; the check against the authors' curve only looks where both have a value."""
+    runs = np.array([[1.0, 2.0, np.nan, np.nan], [3.0, np.nan, np.nan, np.nan], [5.0, 4.0, 7.0, np.nan]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        med = percentile_curve(runs)
+        q1 = percentile_curve(list(runs), 25)
+        d = max_abs_diff(med, np.array([0.0, 0.0, 0.0, 9.0]), lo=0, hi=3)
+        none = max_abs_diff(np.full(4, np.nan), np.zeros(4), lo=0, hi=3)
+    np.testing.assert_array_equal(med, [3.0, 3.0, 7.0, np.nan])
+    np.testing.assert_array_equal(q1, [2.0, 2.5, 7.0, np.nan])
+    assert d == 7.0 and np.isnan(none)

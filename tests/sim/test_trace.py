@@ -43,6 +43,10 @@ def test_pod_list_round_trip(tmp_path: Path, pods):
                       min_size=1, max_size=20, unique_by=lambda t: t[0]))
 def test_node_list_round_trip(tmp_path: Path, nodes):
     n, _ = write_trace(tmp_path, [f"{a},{c},{c},{g},{m}" for a, c, g, m in nodes], [pod_row(0, 1, 1, 500)])
+    if not any(g for _, _, g, _ in nodes):  # a cluster without a GPU is refused, naming the gpu column
+        with pytest.raises(InputError, match=r"line 1, column \d+ \(gpu\): no node has a GPU"):
+            load_nodes(n)
+        return
     loaded = load_nodes(n)
     assert [(x.name, x.cpu_milli, x.gpus, x.model or "") for x in loaded] == [(a, c, g, m) for a, c, g, m in nodes]
 
@@ -79,12 +83,20 @@ def test_structural_errors(tmp_path: Path):
         load_nodes(n)
     with pytest.raises(InputError, match="file not found"):
         load_nodes(tmp_path / "absent.csv")
+    n.write_text(NODE_HEADER + "\nx,1,1,0,T4\ny,1,1,0,\n")
+    with pytest.raises(InputError, match=r"line 1, column 25 \(gpu\): no node has a GPU"):
+        load_nodes(n)
     p = tmp_path / "p.csv"
     p.write_text(POD_HEADER + "\n" + pod_row(0, 1, 2, 500) + "\n")
     with pytest.raises(InputError, match="only valid with one GPU"):
         load_pods(p)
     p.write_text(POD_HEADER + "\n" + "p0,1,1,1,500,,LS,Running,10,5,1\n")
     with pytest.raises(InputError, match="deletion"):
+        load_pods(p)
+    # two pods of one name: any report keyed by name would merge them
+    p.write_text(POD_HEADER + "\n" + pod_row(0, 1, 1, 500) + "\n" + pod_row(1, 1, 1, 300) + "\n"
+                 + pod_row(0, 1, 1, 200) + "\n")
+    with pytest.raises(InputError, match=r"line 4, column 1 \(name\): duplicate pod name .* \(first on line 2\)"):
         load_pods(p)
 
 

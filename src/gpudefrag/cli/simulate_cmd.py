@@ -195,7 +195,7 @@ def static(
     t = Table("policy", *(f"{k} %" for k in POINTS), "authors @100", "max |Δ| 75–130", "moves/pod",
               title="Median unallocated GPU % by arrived workload")
     for row in summary:
-        t.add_row(str(row["policy"]), *(f"{float(row[f'unalloc_{k}']):.2f}" for k in POINTS),  # type: ignore[arg-type]
+        t.add_row(str(row["policy"]), *(_num(row[f"unalloc_{k}"]) for k in POINTS),
                   _num(row["authors_100"]), _num(row["max_abs_diff_75_130"]),
                   f"{float(row['moves_per_placed_pod']):.4f}")  # type: ignore[arg-type]
     console.print(t)

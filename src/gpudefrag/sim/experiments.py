@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.placement import FGD_STUDY_POLICIES, Cluster
-from .replay import CURVE_MAX, ReplayResult, build_workload, replay
+from .replay import CURVE_MAX, ReplayResult, build_workload, percentile_curve, replay
 from .trace import Trace, TracePod, cluster_from_snapshot, fgd_mix, load_pods, load_trace
 
 AUTHOR_NAMES = {
@@ -121,12 +121,12 @@ def run_many(
     return [r for r in results if r is not None]
 
 
-def median_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:
+def percentile_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:
     """Per policy: the median over seeds of the unallocated-GPU % curve (index = arrived %)."""
     by: dict[str, list[np.ndarray]] = {}
     for r in results:
         by.setdefault(r.policy, []).append(r.unallocated_curve)
-    return {k: np.nanmedian(np.stack(v), axis=0) for k, v in by.items()}
+    return {k: percentile_curve(v) for k, v in by.items()}
 
 
 def author_runs(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WORKLOAD) -> dict[str, np.ndarray]:
@@ -151,7 +151,7 @@ def author_runs(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WORKL
 
 def author_curves(trace_dir: str | os.PathLike[str], workload: str = DEFAULT_WORKLOAD) -> dict[str, np.ndarray]:
     """The authors' median unallocated-GPU % curves for `workload` (see `author_runs`)."""
-    return {k: np.nanmedian(v, axis=0) for k, v in author_runs(trace_dir, workload).items()}
+    return {k: percentile_curve(v) for k, v in author_runs(trace_dir, workload).items()}
 
 
 def same_distribution_p(ours: Sequence[float], theirs: Sequence[float]) -> float:
@@ -193,7 +193,7 @@ def authors_for(pods: str | os.PathLike[str], folder: str | os.PathLike[str] | N
     for d in tried:
         runs = author_runs(d, workload)
         if runs:
-            curves = {k: np.nanmedian(v, axis=0) for k, v in runs.items()}
+            curves = {k: percentile_curve(v) for k, v in runs.items()}
             return AuthorResults(workload, curves, paper,
                                  f"{d / 'fgd-expected-results' / 'analysis_allo_discrete.csv'} ({workload})", runs)
     where = " or ".join(str(d / "fgd-expected-results") for d in tried)

@@ -27,6 +27,17 @@ from ..core.placement import Choice, Cluster, Pod, Policy, get_policy
 CURVE_MAX = 130  # percent of capacity: the study's x axis
 
 
+def percentile_curve(curves: np.ndarray | Sequence[np.ndarray], q: float = 50.0) -> np.ndarray:
+    """The q-th percentile (the median by default) over runs (axis 0) of curves indexed by arrived %, ignoring
+    NaN. A point no run reached (a short pod list never arrives at 130 %) stays NaN, without numpy's all-NaN
+    warning: that is the answer."""
+    a = np.asarray(curves, dtype=float)
+    out = np.full(a.shape[1:], np.nan)
+    reached = ~np.isnan(a).all(axis=0)
+    out[reached] = np.nanpercentile(a[:, reached], q, axis=0)
+    return out
+
+
 def build_workload(pods: Sequence[Pod], capacity_milli: int, seed: int, tune: float = 1.3) -> list[Pod]:
     """Shuffle with the seed, then resample with replacement until Σ GPU request ≥ tune × capacity (or drop
     random pods while it is above)."""

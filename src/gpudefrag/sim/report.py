@@ -19,7 +19,7 @@ import numpy as np
 
 from .bound import BoundResult
 from .dynamic import DynamicResult
-from .replay import CURVE_MAX, ReplayResult
+from .replay import CURVE_MAX, ReplayResult, percentile_curve
 
 POINTS = (75, 80, 90, 95, 100, 110, 120, 130)
 
@@ -83,6 +83,14 @@ def share_of_gap(base: float, x: float, bound: float) -> float:
     return (base - x) / (base - bound) if base > bound else float("nan")
 
 
+def max_abs_diff(ours: np.ndarray, theirs: np.ndarray, lo: int = 75, hi: int = CURVE_MAX) -> float:
+    """The largest |ours − theirs| over the study's 75–130 % arrived (the acceptance's curve check); NaN when
+    no point there has both (a pod list too short to reach 75 %)."""
+    d = np.abs(ours[lo:hi + 1] - theirs[lo:hi + 1])
+    d = d[~np.isnan(d)]
+    return float(d.max()) if d.size else float("nan")
+
+
 def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.ndarray],
                    bounds: Sequence[BoundResult], paper: Mapping[str, float] | None = None) -> list[dict[str, object]]:
     """One row per policy: median unallocated % at the study's points, the authors' value at 100 for the
@@ -93,7 +101,7 @@ def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.nda
         by.setdefault(r.policy, []).append(r)
     for pol, rs in by.items():
         curves = np.stack([r.unallocated_curve for r in rs])
-        med = np.nanmedian(curves, axis=0)
+        med = percentile_curve(curves)
         base = pol.split("+")[0]
         a = authors.get(base) if "+" not in pol else None
         n100 = [int((r.arrived_pct <= 100.0 + 1e-9).sum()) for r in rs]
@@ -103,10 +111,7 @@ def static_summary(results: Sequence[ReplayResult], authors: Mapping[str, np.nda
             row[f"unalloc_{k}"] = float(med[k])
         row["authors_100"] = float(a[100]) if a is not None else float("nan")
         row["paper_100"] = (paper or {}).get(pol, float("nan"))
-        if a is not None:
-            row["max_abs_diff_75_130"] = float(np.nanmax(np.abs(med[75:131] - a[75:131])))
-        else:
-            row["max_abs_diff_75_130"] = float("nan")
+        row["max_abs_diff_75_130"] = max_abs_diff(med, a) if a is not None else float("nan")
         row["failed_pods_median"] = float(np.median([r.failed for r in rs]))
         row |= move_medians(rs)
         row["placed_at_100_median"] = float(np.median(placed100))
@@ -168,10 +173,10 @@ def _plot_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping
         by.setdefault(r.policy, []).append(r.unallocated_curve)
     for pol, curves in by.items():
         st = np.stack(curves)
-        med = np.nanmedian(st, axis=0)
+        med = percentile_curve(st)
         (line,) = ax.plot(x[60:], med[60:], label=f"{pol} (median of {len(curves)})")
         if len(curves) > 1:
-            ax.fill_between(x[60:], np.nanpercentile(st, 25, axis=0)[60:], np.nanpercentile(st, 75, axis=0)[60:],
+            ax.fill_between(x[60:], percentile_curve(st, 25)[60:], percentile_curve(st, 75)[60:],
                             color=line.get_color(), alpha=0.15)
         a = authors.get(pol)
         if a is not None:
@@ -193,7 +198,7 @@ def _plot_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping
     for r in results:
         fr.setdefault(r.policy, []).append(r.frag_curve)
     for pol, curves in fr.items():
-        ax.plot(x, np.nanmedian(np.stack(curves), axis=0), label=pol)
+        ax.plot(x, percentile_curve(curves), label=pol)
     ax.set_xlabel("arrived workload (% of cluster GPU capacity)")
     ax.set_ylabel("FGD fragmentation (% of capacity)")
     ax.grid(alpha=0.3)

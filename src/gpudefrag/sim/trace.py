@@ -125,6 +125,10 @@ class _Rows:
                 pos += len(f) + 1
             yield lineno, fields, cols
 
+    def column(self, name: str) -> int:
+        """Where the header names `name` (1-based character position, as in the rows' errors)."""
+        return 1 + sum(len(c) + 1 for c in self.header[:self.index[name]])
+
     def get(self, lineno: int, fields: list[str], cols: list[int], name: str) -> tuple[str, str]:
         """The raw field and where it is; an optional column that the file lacks reads as empty."""
         i = self.index.get(name)
@@ -173,6 +177,9 @@ def load_nodes(path: str | os.PathLike[str]) -> tuple[TraceNode, ...]:
         out.append(TraceNode(name, cpu, mem, gpus, model or None))
     if not out:
         raise InputError(rows.source, "line 2", "no nodes")
+    if not any(n.gpus for n in out):
+        raise InputError(rows.source, f"line 1, column {rows.column('gpu')} (gpu)",
+                         "no node has a GPU: there is nothing to place GPU pods on")
     return tuple(out)
 
 
@@ -183,10 +190,14 @@ def load_pods(path: str | os.PathLike[str], models: Collection[str] | None = Non
     rows = _Rows(Path(path), POD_COLUMNS, POD_OPTIONAL)
     out: list[TracePod] = []
     interned: dict[Pod, Pod] = {}
+    first: dict[str, int] = {}  # pod name -> the line it was first seen on
     for lineno, f, c in rows:
         name, where = rows.get(lineno, f, c, "name")
         if not name:
             raise InputError(rows.source, where, "empty pod name")
+        if name in first:
+            raise InputError(rows.source, where, f"duplicate pod name {name!r} (first on line {first[name]})")
+        first[name] = lineno
         cpu = rows.integer(lineno, f, c, "cpu_milli", 0, 10**9)
         mem = rows.integer(lineno, f, c, "memory_mib", 0, 10**12)
         k = rows.integer(lineno, f, c, "num_gpu", 0, MAX_GPUS_PER_NODE)
