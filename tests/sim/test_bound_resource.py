@@ -144,3 +144,12 @@ def test_the_bound_command_reports_both_bounds(tmp_path: Path):
     assert "lower_bound_unallocated_pct" not in json.loads(r.stdout)[0]
     r = subprocess.run([*run, "--kind", "magic"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--kind" in r.stderr
+    # with the offline packing the limit is pinned: a placement that leaves 50 % exists, and no better one
+    r = subprocess.run([*run, "--kind", "both,packing", "--pack-rounds", "3"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[0]
+    assert row["packing_unallocated_pct"] == pytest.approx(50.0) == row["resource_lower_bound_unallocated_pct"]
+    r = subprocess.run([*run, "--kind", "packing", "--pack-rounds", "-1"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "--pack-rounds" in r.stderr

@@ -330,18 +330,25 @@ def bound_cmd(
     tune: float = typer.Option(1.3, "--tune"),
     arrived: float = typer.Option(100.0, "--arrived", help="Arrived workload, % of GPU capacity"),
     kind: str = typer.Option("both", "--kind", help="arcflow (GPUs only), resource (per-node CPU, memory, "
-                             "GPU models) or both"),
+                             "GPU models), both (the two bounds), packing (a real placement: the limit's other "
+                             "side) or a comma list"),
     time_limit: float = typer.Option(30.0, "--time-limit", help="Seconds of column generation per seed "
                                      "(resource bound; it stays valid when stopped)"),
+    pack_rounds: int = typer.Option(200, "--pack-rounds", help="Search rounds of the offline packing (about "
+                                    "2 s each on the Alibaba cluster)"),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Lower bounds on unallocated GPU % for the pods arrived by `--arrived` %, and a BFD reference packing."""
+    """Lower bounds on unallocated GPU % for the pods arrived by `--arrived` %, a BFD reference, and (with
+    `--kind packing`) an offline packing that exists: the true limit lies between the bounds and it."""
     from ..sim.bound import arrived_prefix, best_fit_decreasing, lower_bound
     from ..sim.bound_resource import node_types, resource_bound
+    from ..sim.offline_pack import offline_packing
     from ..sim.replay import build_workload
     from ..sim.trace import load_trace
 
-    kinds = ("arcflow", "resource") if kind == "both" else tuple(_split(kind, ("arcflow", "resource"), "--kind"))
+    _non_negative(("--pack-rounds", pack_rounds))
+    names = ("arcflow", "resource", "packing")
+    kinds = tuple(k for k in names if k in _split(kind.replace("both", "arcflow,resource"), names, "--kind"))
     trace = load_trace(nodes, pods)
     cl = trace.cluster()
     types = node_types(cl)
@@ -355,6 +362,8 @@ def bound_cmd(
             row |= {**b.as_dict(), "bfd_unallocated_pct": best_fit_decreasing(pre, b.gpus)}
         if "resource" in kinds:
             row |= resource_bound(pre, types, time_limit_s=time_limit).as_dict()
+        if "packing" in kinds:
+            row |= offline_packing(cl, pre, seed=s, rounds=pack_rounds).as_dict()
         rows.append(row)
     if json_out:
         emit_json(_clean(rows))
@@ -364,7 +373,10 @@ def bound_cmd(
         for col in ("arc-flow bound %", "LP %", "BFD %", "ideal %", "optimal"):
             t.add_column(col)
     if "resource" in kinds:
-        for col in ("resource bound %", "pooled LP %", "offline packing %", "s"):
+        for col in ("resource bound %", "pooled LP %", "BFD/CG packing %", "s"):
+            t.add_column(col)
+    if "packing" in kinds:
+        for col in ("offline packing %", "from (FGD + repack) %", "rounds improved", "s"):
             t.add_column(col)
     for r in rows:
         cells = [str(r["seed"])]
@@ -376,5 +388,8 @@ def bound_cmd(
             pooled = 100 * (1 - float(r["pooled_lp_alloc_gpus"]) / int(r["gpus"]))  # type: ignore[arg-type]
             cells += [f"{r['resource_lower_bound_unallocated_pct']:.2f}", f"{pooled:.2f}",
                       f"{r['offline_packing_unallocated_pct']:.2f}", f"{r['resource_seconds']:.0f}"]
+        if "packing" in kinds:
+            cells += [f"{r['packing_unallocated_pct']:.2f}", f"{r['packing_start_pct']:.2f}",
+                      f"{r['packing_improved']}/{r['packing_rounds']}", f"{r['packing_seconds']:.0f}"]
         t.add_row(*cells)
     console.print(t)

@@ -168,6 +168,7 @@ class ReplayResult:
     stats: MoveStats
     requeued: int = 0
     stats_at_100: MoveStats | None = None  # the moves made by the end of the 100 % arrived bucket
+    placement: Placed | None = None  # the pods on the cluster at the end (with `keep_placement`)
 
     @property
     def moves_at_100(self) -> MoveStats:
@@ -208,6 +209,7 @@ def replay(
     record_frag: bool = True,
     tie_break: str = "order",
     progress: Callable[[int, int], None] | None = None,
+    keep_placement: bool = False,
 ) -> ReplayResult:
     """Schedule `workload` in order on (a copy of) `cluster`. Nothing leaves; failures are recorded."""
     t0 = time.perf_counter()
@@ -262,6 +264,7 @@ def replay(
         policy=pol.name, seed=seed, tune=tune, capacity_milli=cap, arrived_pct=arrived, alloc_pct=alloc,
         placed=ok, curve=bucket_means(arrived, alloc), frag_curve=frag_curve,
         seconds=time.perf_counter() - t0, stats=stats, stats_at_100=stats100 or replace(stats),
+        placement=placed if keep_placement else None,
     )
 
 
