@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,10 @@ def test_the_search_places_what_the_arrival_order_left_out():
     assert pk.start_alloc_milli == 1_600  # the online start left the whole-GPU pod out ...
     assert pk.alloc_milli == 2 * MILLI == exact_max_alloc(pods, nodes)  # ... the search placed it
     assert pk.unallocated_pct == 0.0 and pk.improved >= 1
+    busy = cl.copy()
+    busy.place(pods[0], pk.placement[0][1])
+    with pytest.raises(ValueError, match="empty cluster"):  # its free arrays would be taken for capacities
+        offline_packing(busy, pods)
 
 
 def test_cpu_only_pods_stay_placed_and_cpu_binds():

@@ -67,6 +67,8 @@ def offline_packing(cluster: Cluster, pods: Sequence[Pod], *, seed: int = 42, ro
     `start` is the online path it begins from: "repack" (FGD + the repacker) or "fgd"."""
     if start not in ("repack", "fgd"):
         raise ValueError(f"start must be 'repack' or 'fgd', got {start!r}")
+    if cluster.allocated_milli or not ((cluster.free == MILLI) | (cluster.free < 0)).all():
+        raise ValueError("offline_packing needs an empty cluster (its free arrays are the capacities)")
     t0 = time.monotonic()
     res = replay(cluster, pods, "fgd", seed=seed, defrag=ChainRepacker() if start == "repack" else None,
                  record_frag=False, keep_placement=True)
