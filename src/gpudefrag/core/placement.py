@@ -170,6 +170,12 @@ class Cluster(Capacity):
         return ok
 
     @property
+    def is_empty(self) -> bool:
+        """No GPU share and no CPU taken (memory keeps no capacity of its own to compare with): then the free
+        arrays are the capacities, which the offline bounds and packing read."""
+        return bool(((self.free == MILLI) | (self.free < 0)).all() and (self.cpu_free == self.cpu_cap).all())
+
+    @property
     def capacity_milli(self) -> int:
         return int(self.gpu_count.sum()) * MILLI
 

@@ -109,7 +109,7 @@ class ResourceBound:
 def node_types(cluster: Cluster) -> list[NodeType]:
     """The GPU nodes of an empty cluster, grouped into types. A CPU or memory capacity the cluster does not
     track (`Cluster.build` with 0) is None."""
-    if not ((cluster.free == MILLI) | (cluster.free < 0)).all():
+    if not cluster.is_empty:
         raise ValueError("node_types needs an empty cluster (its free arrays are the capacities)")
     untracked = np.iinfo(np.int64).max // 8
     cnt: Counter[tuple[str | None, int, int | None, int | None]] = Counter()

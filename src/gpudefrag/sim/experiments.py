@@ -121,7 +121,7 @@ def run_many(
     return [r for r in results if r is not None]
 
 
-def percentile_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:
+def median_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:
     """Per policy: the median over seeds of the unallocated-GPU % curve (index = arrived %)."""
     by: dict[str, list[np.ndarray]] = {}
     for r in results:

@@ -67,7 +67,7 @@ def offline_packing(cluster: Cluster, pods: Sequence[Pod], *, seed: int = 42, ro
     `start` is the online path it begins from: "repack" (FGD + the repacker) or "fgd"."""
     if start not in ("repack", "fgd"):
         raise ValueError(f"start must be 'repack' or 'fgd', got {start!r}")
-    if cluster.allocated_milli or not ((cluster.free == MILLI) | (cluster.free < 0)).all():
+    if not cluster.is_empty:
         raise ValueError("offline_packing needs an empty cluster (its free arrays are the capacities)")
     t0 = time.monotonic()
     res = replay(cluster, pods, "fgd", seed=seed, defrag=ChainRepacker() if start == "repack" else None,
@@ -89,6 +89,8 @@ class _State:
     """Who is where, per node, and who is left out."""
 
     def __init__(self, cluster: Cluster, placed, pods: Sequence[Pod]) -> None:
+        self.empty = cluster  # empty: its fit is the static one (GPUs, CPU, memory, models of each node)
+        self._fit: dict[Pod, np.ndarray] = {}
         self.gpus = np.asarray(cluster.gpu_count)
         self.cpu = np.asarray(cluster.cpu_free)  # an empty cluster: its free arrays are the capacities
         self.mem = np.asarray(cluster.mem_free)
@@ -103,8 +105,11 @@ class _State:
         self.gpu_nodes = np.flatnonzero(self.gpus > 0)
 
     def fits(self, p: Pod, n: int) -> bool:
-        return (p.num_gpu <= self.gpus[n] and p.cpu_milli <= self.cpu[n] and p.memory_mib <= self.mem[n]
-                and (not p.gpu_models or self.models[n] in p.gpu_models))
+        """Could `p` sit on node `n` alone (core's fit on the empty cluster, once per shape)?"""
+        ok = self._fit.get(p)
+        if ok is None:
+            ok = self._fit[p] = self.empty.fits(p)
+        return bool(ok[n])
 
     def _neighbourhood(self, rng: np.random.Generator, k: int) -> list[int]:
         used = np.array([sum(p.gpu_total for p, _ in self.on[int(n)]) for n in self.gpu_nodes])

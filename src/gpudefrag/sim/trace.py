@@ -93,15 +93,14 @@ class _Rows:
         if not lines:
             raise InputError(self.source, "line 1", "empty file: expected a header row")
         self.header = next(csv.reader([lines[0]]))
-        pos = 1
+        self.starts = [1 + sum(len(c) + 1 for c in self.header[:i]) for i in range(len(self.header))]
         for i, c in enumerate(self.header):
             known = optional is None or c in required or c in optional
             if not known or c in self.header[:i]:
                 what = "duplicate column" if known else "unknown column"
                 expected = ", ".join((*required, *(optional or ())))
-                raise InputError(self.source, f"line 1, column {pos} ({c})",
+                raise InputError(self.source, f"line 1, column {self.starts[i]} ({c})",
                                  f"{what} {c!r}; known columns: {expected}")
-            pos += len(c) + 1
         missing = [c for c in required if c not in self.header]
         if missing:
             raise InputError(self.source, "line 1", f"missing column(s): {', '.join(missing)}")
@@ -124,10 +123,6 @@ class _Rows:
                 cols.append(pos)
                 pos += len(f) + 1
             yield lineno, fields, cols
-
-    def column(self, name: str) -> int:
-        """Where the header names `name` (1-based character position, as in the rows' errors)."""
-        return 1 + sum(len(c) + 1 for c in self.header[:self.index[name]])
 
     def get(self, lineno: int, fields: list[str], cols: list[int], name: str) -> tuple[str, str]:
         """The raw field and where it is; an optional column that the file lacks reads as empty."""
@@ -178,7 +173,7 @@ def load_nodes(path: str | os.PathLike[str]) -> tuple[TraceNode, ...]:
     if not out:
         raise InputError(rows.source, "line 2", "no nodes")
     if not any(n.gpus for n in out):
-        raise InputError(rows.source, f"line 1, column {rows.column('gpu')} (gpu)",
+        raise InputError(rows.source, f"line 1, column {rows.starts[rows.index['gpu']]} (gpu)",
                          "no node has a GPU: there is nothing to place GPU pods on")
     return tuple(out)
 
