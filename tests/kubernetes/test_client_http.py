@@ -14,7 +14,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from gpudefrag.engines.kubernetes import ApiError, ClientKubeApi, load_dump
+from gpudefrag.engines.base import EngineError, JobPhase
+from gpudefrag.engines.kubernetes import ApiError, ClientKubeApi, KubernetesEngine, load_dump
 from gpudefrag.engines.kubernetes.live import read_live
 from gpudefrag.errors import InputError
 from gpudefrag.snapshot import state_to_dict
@@ -77,6 +78,8 @@ class Api(BaseHTTPRequestHandler):
             return self._send(200, ev)
         if method == "GET" and p.startswith("/api/v1/namespaces/") and "/pods/" in p:
             name = p.rsplit("/", 1)[1]
+            if name == "busy":
+                return self._send(500, _status(500, "InternalError", "etcdserver: request timed out"))
             pod = next((i for i in DOC["items"] if i["kind"] == "Pod" and i["metadata"]["name"] == name), None)
             return self._send(200, pod) if pod else self._send(404, _status(404, "NotFound", f'pods "{name}" '
                                                                              "not found"))
@@ -201,3 +204,20 @@ def test_unreachable_cluster_is_one_input_error() -> None:
     finally:
         api.close()
     assert ei.value.source == "cluster" and "list nodes" in ei.value.message
+
+
+def test_only_a_404_reads_as_a_vanished_pod(server) -> None:  # type: ignore[no-untyped-def]
+    """The executor aborts a move whose job is gone; a busy or unreachable API server must instead raise
+    EngineError, which it retries, or a move could be given up half way."""
+    api, _ = server
+    e = KubernetesEngine(api=ClientKubeApi(api))
+    assert e.job("ml/notebook-ana").phase is JobPhase.RUNNING
+    assert e.job("ml/no-such-pod").phase is JobPhase.GONE
+    with pytest.raises(EngineError, match="HTTP 500"):
+        e.job("ml/busy")
+    dead = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
+    try:
+        with pytest.raises(EngineError, match="unreachable"):
+            KubernetesEngine(api=ClientKubeApi(dead)).job("ml/notebook-ana")
+    finally:
+        dead.close()

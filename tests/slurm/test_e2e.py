@@ -63,7 +63,8 @@ def test_controller_moves_one_node_and_the_8gpu_job_runs(cluster, record_propert
     record_property("submit_to_start_s", round(waited, 1))
     print(f"\n8-GPU job: submitted -> running in {waited:.1f} s")
     migs = Journal(journal).all()
-    assert len(migs) == 2 and all(m.state.value == "done" for m in migs), [m.as_dict() for m in migs]
+    assert len(migs) == 2 and all(m.state.value == "done" for m in migs), \
+        ([(m.workload_id, m.state.value, m.reason) for m in migs], (c.root / "e2e-controller.err").read_text()[-4000:])
     assert {m.source for m in migs} == {freed}
     moved = {m.workload_id: m for m in migs}
     for name, jid in jobs.items():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import time
+from pathlib import Path
 
 import pytest
 
 from gpudefrag.core.diagnose import CauseCode, diagnose
-from gpudefrag.engines.base import Engine, JobPhase
+from gpudefrag.engines.base import Engine, EngineError, JobPhase
 from gpudefrag.engines.slurm import SlurmEngine, waits_for_resources
 
 pytestmark = pytest.mark.slurm
@@ -88,3 +91,30 @@ def test_drained_node_is_unschedulable_and_reason_maps(cluster) -> None:  # type
     while not e.node("node4").schedulable and time.time() < end:
         time.sleep(0.2)
     assert e.node("node4").schedulable
+
+
+def test_an_unreachable_controller_is_an_error_not_a_vanished_job(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Only Slurm's own "no such job/node" answer reads as gone. A controller that does not answer must raise
+    EngineError (the executor retries the step): read as "gone", it aborted a move half way once, leaving the job
+    held (a CI run saw a move give up this way)."""
+    e = SlurmEngine()
+    assert e.job("999999").phase is JobPhase.GONE
+    gone = e.node("node99")
+    assert not gone.schedulable and gone.reason == "no such node"
+    j = cluster.submit("reach", 1, "node1", wrapper=False)
+    cluster.wait_running(j)
+    conf = Path(cluster.env["SLURM_CONF"])
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "slurm.conf").write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={port}",
+                                                conf.read_text()))
+    for f in conf.parent.iterdir():  # gres.conf and friends beside it
+        if f.name != "slurm.conf" and f.is_file():
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    dead = SlurmEngine(env={"SLURM_CONF": str(tmp_path / "slurm.conf")}, timeout_s=60)
+    with pytest.raises(EngineError):
+        dead.job(j)
+    with pytest.raises(EngineError):
+        dead.node("node1")
+    assert e.job(j).phase is JobPhase.RUNNING  # the real one still answers

@@ -87,7 +87,10 @@ class KubernetesEngine:
     # ------------------------------------------------------------------ job facts
     def job(self, job_id: str) -> JobInfo:
         ns, name = self._split(job_id)
-        pod = self.api.read_pod(ns, name)
+        try:
+            pod = self.api.read_pod(ns, name)  # None only on a 404
+        except ApiError as e:  # the API server busy or unreachable: not a vanished pod, and retried
+            raise EngineError(f"read pod {job_id}: {e}") from None
         if pod is None:
             return JobInfo(job_id, JobPhase.GONE)
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
@@ -151,7 +154,10 @@ class KubernetesEngine:
 
     def signal(self, job_id: str, signal: str, *, batch: bool = True) -> None:
         ns, name = self._split(job_id)
-        pod = self.api.read_pod(ns, name)
+        try:
+            pod = self.api.read_pod(ns, name)  # None only on a 404
+        except ApiError as e:  # the API server busy or unreachable: not a vanished pod, and retried
+            raise EngineError(f"read pod {job_id}: {e}") from None
         if pod is None:
             raise EngineError(f"signal {job_id}: no such pod")
         containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]

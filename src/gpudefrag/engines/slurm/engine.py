@@ -37,7 +37,10 @@ class SlurmEngine:
         self.version = ""
 
     # ------------------------------------------------------------------ plumbing
-    def _run(self, *args: str, ok_codes: tuple[int, ...] = (0,)) -> str:
+    def _run(self, *args: str, missing: str = "") -> str:
+        """stdout of a Slurm command; "" when it exits 1 saying `missing` (Slurm's own answer that the job or
+        node asked about does not exist). Any other failure — the controller busy or unreachable, a timeout —
+        is an EngineError, which the executor retries: a transient error must never read as "the job is gone"."""
         try:
             p = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=self.timeout_s,
                                check=False)
@@ -45,10 +48,12 @@ class SlurmEngine:
             raise EngineError(f"{args[0]}: not installed (is Slurm's client on PATH?)") from e
         except subprocess.TimeoutExpired as e:
             raise EngineError(f"{' '.join(args)}: no answer after {self.timeout_s:g} s") from e
-        if p.returncode not in ok_codes:
-            msg = (p.stderr or p.stdout).strip().splitlines()
-            raise EngineError(f"{' '.join(args)}: exit {p.returncode}: {msg[-1] if msg else 'no message'}")
-        return p.stdout
+        if p.returncode == 0:
+            return p.stdout
+        if missing and p.returncode == 1 and missing.lower() in (p.stderr + p.stdout).lower():
+            return ""
+        msg = (p.stderr or p.stdout).strip().splitlines()
+        raise EngineError(f"{' '.join(args)}: exit {p.returncode}: {msg[-1] if msg else 'no message'}")
 
     def _json(self, *args: str) -> dict[str, Any]:
         out = self._run(*args)
@@ -77,14 +82,14 @@ class SlurmEngine:
         return infos
 
     def job(self, job_id: str) -> JobInfo:
-        out = self._run("scontrol", "show", "job", "-o", str(job_id), ok_codes=(0, 1))
+        out = self._run("scontrol", "show", "job", "-o", str(job_id), missing="Invalid job id")
         line = out.strip().splitlines()[0] if out.strip() else ""
         if not line.startswith("JobId="):
             return JobInfo(job_id=str(job_id), phase=JobPhase.GONE)
         return job_info_from_scontrol(parse_scontrol_record(line))
 
     def node(self, name: str) -> NodeInfo:
-        out = self._run("scontrol", "show", "node", "-o", name, ok_codes=(0, 1))
+        out = self._run("scontrol", "show", "node", "-o", name, missing="not found")
         rec = parse_scontrol_record(out.strip().splitlines()[0]) if out.strip() else {}
         if rec.get("NodeName") != name:
             return NodeInfo(name=name, schedulable=False, state="UNKNOWN", reason="no such node")
