@@ -61,6 +61,11 @@ class Shape:
                      request.gpu_models)
 
 
+def model_allowed(models: Sequence[str], model: str | None) -> bool:
+    """The GPU-model rule: a request that names models runs only on a node of one of them (empty = any)."""
+    return not models or model in models
+
+
 def fits(free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, shape: Shape) -> np.ndarray:
     """Per row (node) of the arrays: CPU and memory free, and at least `num_gpu` GPUs with the share free.
     The one fit test; GPU models and eligibility are the caller's masks."""

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .capacity import NOT_TRACKED, Capacity, Shape
+from .capacity import NOT_TRACKED, Capacity, Shape, model_allowed
 from .fragmentation import WorkloadMix
 from .model import MILLI, ClusterState, Node, Placement, Request, Workload
 
@@ -154,11 +154,8 @@ class Cluster(Capacity):
     def model_mask(self, models: tuple[str, ...]) -> np.ndarray:
         m = self._model_masks.get(models)
         if m is None:
-            if models:
-                allowed = set(models)
-                m = np.fromiter((x in allowed for x in self.models), dtype=bool, count=self.n)
-            else:
-                m = np.ones(self.n, dtype=bool)
+            allowed = frozenset(models)
+            m = np.fromiter((model_allowed(allowed, x) for x in self.models), dtype=bool, count=self.n)
             self._model_masks[models] = m
         return m
 

@@ -37,6 +37,7 @@ from ortools.sat.python import cp_model
 from scipy.optimize import linprog
 from scipy.sparse import csc_matrix
 
+from ..core.capacity import NOT_TRACKED, fits_one, model_allowed
 from ..core.model import MILLI
 from ..core.placement import Cluster, Pod, get_policy
 from .bound import lower_bound
@@ -55,23 +56,13 @@ class NodeType:
     memory_mib: int | None
     count: int
 
+    def admits(self, shape: Pod) -> bool:
+        """Whether one pod of `shape` fits an empty node of this type: core's fit and model rules on the type's
+        capacities."""
+        return model_allowed(shape.gpu_models, self.model) and fits_one(
+            (MILLI,) * self.gpus, NOT_TRACKED if self.cpu_milli is None else self.cpu_milli,
+            NOT_TRACKED if self.memory_mib is None else self.memory_mib, shape)
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    num_gpu: int
-    gpu_milli: int
-    cpu_milli: int
-    memory_mib: int
-    models: frozenset[str]  # empty = any model
-
-    @property
-    def value(self) -> int:
-        return self.num_gpu * self.gpu_milli
-
-    def fits(self, t: NodeType) -> bool:
-        return ((not self.models or t.model in self.models) and self.num_gpu <= t.gpus
-                and (t.cpu_milli is None or self.cpu_milli <= t.cpu_milli)
-                and (t.memory_mib is None or self.memory_mib <= t.memory_mib))
 
 
 @dataclass(frozen=True)
@@ -123,9 +114,10 @@ def node_types(cluster: Cluster) -> list[NodeType]:
     return [NodeType(m, g, c, mem, n) for (m, g, c, mem), n in sorted(cnt.items(), key=lambda kv: str(kv[0]))]
 
 
-def _shapes(pods: Sequence[Pod]) -> Counter[Shape]:
-    """GPU pods by shape (CPU-only pods add no allocation; leaving them out only enlarges the feasible set)."""
-    return Counter(Shape(p.num_gpu, p.gpu_milli, p.cpu_milli, p.memory_mib, frozenset(p.gpu_models))
+def _shapes(pods: Sequence[Pod]) -> Counter[Pod]:
+    """GPU pods by shape, models as a sorted set so that one shape is one key (CPU-only pods add no allocation;
+    leaving them out only enlarges the feasible set)."""
+    return Counter(Pod(p.num_gpu, p.gpu_milli, p.cpu_milli, p.memory_mib, tuple(sorted(set(p.gpu_models))))
                    for p in pods if p.num_gpu > 0 and p.gpu_milli > 0)
 
 
@@ -136,9 +128,9 @@ def resource_bound(pods: Sequence[Pod], types: Sequence[NodeType], *, time_limit
     gpus = sum(t.gpus * t.count for t in types)
     arrived = sum(p.gpu_total for p in pods)
     demand = _shapes(pods)
-    shapes = [s for s in demand if any(s.fits(t) for t in types)]  # the others fit no node: never placed
+    shapes = [s for s in demand if any(t.admits(s) for t in types)]  # the others fit no node: never placed
     d = np.array([demand[s] for s in shapes], dtype=float)
-    w = np.array([s.value for s in shapes], dtype=float)
+    w = np.array([s.gpu_total for s in shapes], dtype=float)
     n_t = np.array([t.count for t in types], dtype=float)
     if not shapes:
         return ResourceBound(gpus, 0.0, 0.0, 0.0, 0.0, True, 0, 0, len(types), 0, time.monotonic() - t0, arrived)
@@ -215,7 +207,7 @@ def _dff(size: int, cap: int, k: int) -> float:
     return ((k + 1) * size // cap) / k
 
 
-def _compact_lp(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndarray,
+def _compact_lp(types: Sequence[NodeType], shapes: Sequence[Pod], d: np.ndarray,
                 w: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """The pooled relaxation: per node type, one pool of N_t·G_t GPUs packed in arc-flow form (Valério de
     Carvalho) with N_t·C_t CPU and N_t·M_t memory; pods only on types their models allow. Its LP optimum bounds
@@ -247,7 +239,7 @@ def _compact_lp(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndarra
 
     xvar: dict[tuple[int, int], int] = {}
     for ti, t in enumerate(types):
-        el = [i for i, s in enumerate(shapes) if s.fits(t)]
+        el = [i for i, s in enumerate(shapes) if t.admits(s)]
         if not el:
             continue
         x = {i: var(-w[i], np.inf) for i in el}  # no per-variable cap: the demand row carries it (and its price)
@@ -307,18 +299,18 @@ def _compact_lp(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndarra
     return -float(res.fun), np.maximum(-np.asarray(res.ineqlin.marginals)[:n_s], 0.0), split
 
 
-def _seed_columns(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndarray,
+def _seed_columns(types: Sequence[NodeType], shapes: Sequence[Pod], d: np.ndarray,
                   split: np.ndarray) -> tuple[list[tuple[int, dict[int, int]]], int]:
     """Real placements by best-fit decreasing, three times: largest pods first; pods with the fewest allowed
     GPUs first; and each shape first on the node types where the pooled LP put it (rounded down), the rest
     after. → (every node's configuration in any of them, as starting columns for the master; the largest
     allocation — a placement that exists, so the true optimum lies between it and the bound)."""
     owner = np.array([ti for ti, t in enumerate(types) for _ in range(t.count)])
-    reach = [sum(t.gpus * t.count for t in types if s.fits(t)) for s in shapes]
-    by_size = sorted(range(len(shapes)), key=lambda i: (-shapes[i].value, -shapes[i].cpu_milli))
+    reach = [sum(t.gpus * t.count for t in types if t.admits(s)) for s in shapes]
+    by_size = sorted(range(len(shapes)), key=lambda i: (-shapes[i].gpu_total, -shapes[i].cpu_milli))
     plans: list[list[tuple[int, int, int | None]]] = [  # (shape, how many, node type or None = any)
         [(i, int(d[i]), None) for i in by_size],
-        [(i, int(d[i]), None) for i in sorted(range(len(shapes)), key=lambda i: (reach[i], -shapes[i].value,
+        [(i, int(d[i]), None) for i in sorted(range(len(shapes)), key=lambda i: (reach[i], -shapes[i].gpu_total,
                                                                                 -shapes[i].cpu_milli))],
         [(i, math.floor(split[i, ti] + 1e-6), ti) for i in by_size for ti in range(len(types))
          if split[i, ti] >= 1 - 1e-6],
@@ -336,8 +328,7 @@ def _seed_columns(types: Sequence[NodeType], shapes: Sequence[Shape], d: np.ndar
         per_node: list[Counter[int]] = [Counter() for _ in owner]
         left = {i: int(d[i]) for i in range(len(shapes))}
         for i, n, ti in plan:
-            s = shapes[i]
-            pod = Pod(s.num_gpu, s.gpu_milli, s.cpu_milli, s.memory_mib, tuple(sorted(s.models)))
+            pod = shapes[i]
             for _ in range(min(n, left[i])):
                 if ti is None:
                     ch = policy.choose(cl, pod, rng)
@@ -386,9 +377,9 @@ class _Pricer:
     fit the node. GPUs are interchangeable, so they are sorted (whole first, then by fill) to cut symmetry.
     """
 
-    def __init__(self, t: NodeType, shapes: Sequence[Shape], d: np.ndarray, time_s: float) -> None:
+    def __init__(self, t: NodeType, shapes: Sequence[Pod], d: np.ndarray, time_s: float) -> None:
         self.t, self.shapes, self.time_s = t, shapes, time_s
-        self.eligible = [i for i, s in enumerate(shapes) if s.fits(t)]
+        self.eligible = [i for i, s in enumerate(shapes) if t.admits(s)]
         self.cap: dict[int, int] = {}
         for i in self.eligible:
             s = shapes[i]
@@ -424,7 +415,7 @@ class _Pricer:
                 m.add(u[g] >= u[g + 1])
                 m.add(fill[g] >= fill[g + 1])
         # redundant, but gives the LP relaxation the GPU total at once
-        m.add(sum(sh[i].value * x[i] for i in use) <= MILLI * t.gpus)
+        m.add(sum(sh[i].gpu_total * x[i] for i in use) <= MILLI * t.gpus)
         if t.cpu_milli is not None:
             m.add(sum(sh[i].cpu_milli * x[i] for i in use) <= t.cpu_milli)
         if t.memory_mib is not None:
