@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import numpy as np
 from rich.columns import Columns
 from rich.table import Table
 from rich.text import Text
@@ -117,15 +116,3 @@ def histogram_line(hist: Mapping[int, int]) -> str:
     return "\n".join(
         f"{k:>3} free: {'█' * max(1, round(v / total * 30))} {v}" for k, v in sorted(hist.items())
     )
-
-
-def bytes_h(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def array_summary(a: np.ndarray) -> str:
-    return f"min {a.min():.3g} · median {np.median(a):.3g} · max {a.max():.3g}" if a.size else "—"

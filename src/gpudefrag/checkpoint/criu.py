@@ -31,7 +31,6 @@ import ctypes
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -444,8 +443,3 @@ def _become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
-
-
-def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)

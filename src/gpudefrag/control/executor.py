@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -346,10 +346,3 @@ class Executor(BudgetedExecutor):
         if job.phase is JobPhase.COMPLETING:
             return None
         return self._go(m, S.ABORTED, reason=f"the job {job.phase.value} while being restored")
-
-
-def summarize(migrations: Sequence[Migration]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for m in migrations:
-        out[m.state.value] = out.get(m.state.value, 0) + 1
-    return out

@@ -127,11 +127,6 @@ def eligible_mask(state: ClusterState, request: Request) -> np.ndarray:
     return mask
 
 
-def fit_count(free: np.ndarray, gpu_milli: int) -> np.ndarray:
-    """Per node, how many GPUs have at least `gpu_milli` free."""
-    return (free >= gpu_milli).sum(axis=1)
-
-
 def capacity_fits(
     free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, request: Request
 ) -> np.ndarray:
@@ -182,11 +177,6 @@ def node_fragmentation(
             allowed = masks[shape.gpu_models] = model_mask(nodes, shape.gpu_models)
         out += p * task_fragment(free, cpu_free, allowed, shape)
     return out
-
-
-def cluster_fragmentation(state: ClusterState, mix: WorkloadMix) -> float:
-    """F(M) = Σ_n F_n(M), in milli-GPU."""
-    return float(node_fragmentation(state.free_milli, state.cpu_free, state.nodes, mix).sum())
 
 
 def default_mix(state: ClusterState) -> WorkloadMix:

@@ -554,9 +554,3 @@ class ClusterState:
             name=self.name,
             scheduler=self.scheduler,
         )
-
-    def gpu_totals(self) -> tuple[int, int]:
-        """(capacity, free) in milli-GPU over usable GPUs."""
-        free = self.free_milli
-        valid = free >= 0
-        return int(valid.sum()) * MILLI, int(free[valid].sum())

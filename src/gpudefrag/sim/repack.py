@@ -144,9 +144,6 @@ class _Search:
         """Sharing pods on GPU g of node n (not ejected)."""
         return [i for i in self.placed.on(n, g) if i not in self.limbo and self.placed.pods[i][0].is_sharing]
 
-    def cpu_pods(self, n: int) -> list[int]:
-        return [i for i in self.placed.on(n) if i not in self.limbo and self.placed.pods[i][0].num_gpu == 0]
-
 
 @dataclass
 class ChainRepacker:
