@@ -101,20 +101,17 @@ def test_an_unreachable_controller_is_an_error_not_a_vanished_job(cluster, tmp_p
     assert e.job("999999").phase is JobPhase.GONE
     gone = e.node("node99")
     assert not gone.schedulable and gone.reason == "no such node"
-    j = cluster.submit("reach", 1, "node1", wrapper=False)
-    cluster.wait_running(j)
     conf = Path(cluster.env["SLURM_CONF"])
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    (tmp_path / "slurm.conf").write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={port}",
-                                                conf.read_text()))
+    text = re.sub(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={port}", conf.read_text())
+    (tmp_path / "slurm.conf").write_text(re.sub(r"(?m)^MessageTimeout=.*$", "", text) + "MessageTimeout=2\n")
     for f in conf.parent.iterdir():  # gres.conf and friends beside it
         if f.name != "slurm.conf" and f.is_file():
             (tmp_path / f.name).write_bytes(f.read_bytes())
     dead = SlurmEngine(env={"SLURM_CONF": str(tmp_path / "slurm.conf")}, timeout_s=60)
     with pytest.raises(EngineError):
-        dead.job(j)
+        dead.job("1")
     with pytest.raises(EngineError):
         dead.node("node1")
-    assert e.job(j).phase is JobPhase.RUNNING  # the real one still answers
