@@ -64,7 +64,6 @@ class NodeType:
             NOT_TRACKED if self.memory_mib is None else self.memory_mib, shape)
 
 
-
 @dataclass(frozen=True)
 class ResourceBound:
     gpus: int

@@ -85,12 +85,17 @@ class KubernetesEngine:
         return ns, name
 
     # ------------------------------------------------------------------ job facts
+    def _read_pod(self, job_id: str, ns: str, name: str) -> dict[str, Any] | None:
+        """The pod, or None when the API server says 404. A busy or unreachable API server is an EngineError
+        (retried by the executor), never read as a vanished pod."""
+        try:
+            return self.api.read_pod(ns, name)
+        except ApiError as e:
+            raise EngineError(f"read pod {job_id}: {e}") from None
+
     def job(self, job_id: str) -> JobInfo:
         ns, name = self._split(job_id)
-        try:
-            pod = self.api.read_pod(ns, name)  # None only on a 404
-        except ApiError as e:  # the API server busy or unreachable: not a vanished pod, and retried
-            raise EngineError(f"read pod {job_id}: {e}") from None
+        pod = self._read_pod(job_id, ns, name)
         if pod is None:
             return JobInfo(job_id, JobPhase.GONE)
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
@@ -154,10 +159,7 @@ class KubernetesEngine:
 
     def signal(self, job_id: str, signal: str, *, batch: bool = True) -> None:
         ns, name = self._split(job_id)
-        try:
-            pod = self.api.read_pod(ns, name)  # None only on a 404
-        except ApiError as e:  # the API server busy or unreachable: not a vanished pod, and retried
-            raise EngineError(f"read pod {job_id}: {e}") from None
+        pod = self._read_pod(job_id, ns, name)
         if pod is None:
             raise EngineError(f"signal {job_id}: no such pod")
         containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
