@@ -101,7 +101,7 @@ def node_types(cluster: Cluster) -> list[NodeType]:
     track (`Cluster.build` with 0) is None."""
     if not cluster.is_empty:
         raise ValueError("node_types needs an empty cluster (its free arrays are the capacities)")
-    untracked = np.iinfo(np.int64).max // 8
+    untracked = NOT_TRACKED // 2  # core's mark for an untracked capacity, read as Cluster.to_state reads memory
     cnt: Counter[tuple[str | None, int, int | None, int | None]] = Counter()
     for i in range(cluster.n):
         g = int(cluster.gpu_count[i])

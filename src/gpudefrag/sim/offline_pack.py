@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ..core.capacity import NOT_TRACKED
+from ..core.capacity import NOT_TRACKED, model_allowed
 from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod
 from .repack import ChainRepacker
@@ -206,7 +206,7 @@ def _check(cluster: Cluster, pods: Sequence[Pod], placement: Sequence[tuple[Pod,
         left[pod] -= 1
         if left[pod] < 0 or len(set(ch.gpus)) != pod.num_gpu or any(g >= cl.gpu_count[ch.node] for g in ch.gpus):
             raise AssertionError(f"offline packing placed {pod} wrongly: {ch}")
-        if pod.gpu_models and cl.models[ch.node] not in pod.gpu_models:
+        if not model_allowed(pod.gpu_models, cl.models[ch.node]):
             raise AssertionError(f"offline packing put {pod} on a {cl.models[ch.node]} node")
         cl.place(pod, ch)
     if not allocation_ok(cl) or cl.allocated_milli != alloc:
