@@ -3,6 +3,7 @@ and bulk-loading without GC churn."""
 
 from __future__ import annotations
 
+import codecs
 import errno
 import gc
 import json
@@ -147,13 +148,22 @@ def read_input(path: str | os.PathLike[str], kind: str, *, follow_links: bool = 
         os.close(fd)
 
 
+def drop_bom(raw: bytes) -> bytes:
+    """The bytes after a leading UTF-8 byte-order mark (what spreadsheet tools and some editors write first): it
+    is not part of the document, nor of a CSV's first column name."""
+    return raw.removeprefix(codecs.BOM_UTF8)
+
+
 def decode_text(raw: bytes, src: str) -> str:
-    """UTF-8 text, or InputError naming the byte and line of the first bad sequence."""
+    """UTF-8 text without a leading byte-order mark, or InputError naming the byte and line of the first bad
+    sequence (offsets count from the file's first byte)."""
+    skip = len(raw) - len(drop_bom(raw))
     try:
-        return raw.decode("utf-8")
+        return raw[skip:].decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise InputError(src, f"byte {e.start} (line {line})", "not valid UTF-8") from None
+        at = skip + e.start
+        line = raw[:at].count(b"\n") + 1
+        raise InputError(src, f"byte {at} (line {line})", "not valid UTF-8") from None
 
 
 class _Refused(ValueError):

@@ -348,7 +348,7 @@ def _load_snapshot(path: str | os.PathLike[str]) -> ClusterState:
     p = Path(path)
     if p.suffix.lower() in (".yaml", ".yml"):
         return to_state(parse_snapshot(read_document(path), src), src)
-    raw = fileio.read_input(path, "snapshot")
+    raw = fileio.drop_bom(fileio.read_input(path, "snapshot"))
     fileio.parse_json(raw, src, check_only=True)  # duplicate keys, NaN, nesting: pydantic's parser lets them by
     try:
         snap = Snapshot.model_validate_json(raw)

@@ -165,6 +165,15 @@ def test_non_utf8(tmp_path, pos, junk):
     assert "UTF-8" in e.value.message or "JSON" in e.value.message
 
 
+@pytest.mark.parametrize("name", ["snap.json", "snap.yaml"])
+def test_a_byte_order_mark_before_the_document_is_not_part_of_it(tmp_path, name):
+    """Editors on Windows write a UTF-8 BOM first; the snapshot it starts must read as the same cluster."""
+    text = json.dumps(demo_document(), indent=1)  # JSON is YAML too
+    p = tmp_path / name
+    p.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert state_to_dict(load_snapshot(p)) == state_to_dict(demo_state())
+
+
 @SETTINGS
 @given(gpus=st.integers(min_value=-10**6, max_value=-1), idx=st.integers(0, 3))
 def test_negative_gpu_counts(tmp_path, gpus, idx):

@@ -185,3 +185,19 @@ def test_every_variant_of_the_study_loads(alibaba_trace: Path):
         assert len(t.pods) >= 8152
         if "gpuspec" in f.name:
             assert any(p.pod.gpu_models for p in t.pods)
+
+
+def test_a_spreadsheet_export_with_a_byte_order_mark_and_crlf_loads_like_the_plain_file(tmp_path: Path):
+    """Excel and LibreOffice put a UTF-8 BOM before the header and end lines with CRLF; the BOM is not part of
+    the first column's name, so the file must load exactly like the plain one (and a bad byte after the BOM is
+    still reported at its own offset)."""
+    n, p = write_trace(tmp_path, ["n0,64000,262144,2,T4"], [pod_row(0, 4000, 1, 500), pod_row(1, 2000, 2, 1000)])
+    plain = load_pods(p)
+    p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes().replace(b"\n", b"\r\n"))
+    n.write_bytes(b"\xef\xbb\xbf" + n.read_bytes().replace(b"\n", b"\r\n"))
+    assert load_pods(p) == plain
+    assert [x.name for x in load_nodes(n)] == ["n0"]
+    raw = p.read_bytes()
+    p.write_bytes(raw[:10] + b"\xff" + raw[10:])
+    with pytest.raises(InputError, match=r"byte 10 \(line 1\)"):
+        load_pods(p)
