@@ -74,12 +74,17 @@ read -r ETCD_PORT PEER_PORT API_PORT KWOK_PORT <<<"$(free_ports 4)"
 # ---- certificates: one CA, the API server's serving cert, a client cert per component
 pki=$dir/pki
 ossl() { openssl "$@" 2>/dev/null; }
-ossl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=gpudefrag-test-ca -keyout "$pki/ca.key" -out "$pki/ca.crt"
+# The extensions a strict verifier asks for (Python >= 3.13 sets VERIFY_X509_STRICT by default, so Debian 13's
+# Python refuses a CA without keyUsage and a leaf without an authority key id), as kubeadm's own PKI has them.
+ossl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=gpudefrag-test-ca -keyout "$pki/ca.key" -out "$pki/ca.crt" \
+  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign,digitalSignature \
+  -addext subjectKeyIdentifier=hash
 cert() {  # cert NAME SUBJECT [SAN]
   local name=$1 subj=$2 san=${3:-}
   ossl req -newkey rsa:2048 -nodes -subj "$subj" -keyout "$pki/$name.key" -out "$pki/$name.csr"
   local ext="$pki/$name.ext"
-  printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n' > "$ext"
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n' > "$ext"
+  printf 'subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid:always\n' >> "$ext"
   if [ -n "$san" ]; then printf 'extendedKeyUsage=serverAuth\nsubjectAltName=%s\n' "$san" >> "$ext"
   else printf 'extendedKeyUsage=clientAuth\n' >> "$ext"; fi
   ossl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 30 \
