@@ -29,5 +29,5 @@ def test_script_imports_with_its_entry_point(name: str) -> None:
     mod = importlib.import_module(name)
     if name.startswith("bench_"):
         assert callable(mod.run)  # run.py calls run(quick=...)
-    elif name in ("run", "reproduce_fgd", "reproduce_variants"):
+    elif name in ("run", "reproduce_fgd", "reproduce_variants", "rescue_log"):
         assert callable(mod.main)
