@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
 from gpudefrag.core.model import MILLI
+from gpudefrag.sim.experiments import StaticRun
 from gpudefrag.sim.repack import ChainRepacker
 from gpudefrag.sim.replay import build_workload, replay
 from gpudefrag.sim.trace import load_trace
@@ -34,16 +35,14 @@ class Rescue:
     moves: int
 
 
+@dataclass
 class LoggingRepacker(ChainRepacker):
     """The repacker, recording every rescue it is asked for."""
 
-    def __init__(self, capacity_milli: int, **kw: float) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
-        self.capacity_milli = capacity_milli
-        self.log: list[Rescue] = []
+    log: list[Rescue] = field(default_factory=list)
 
     def rescue(self, cl, pod, placed, policy, rng, stats):  # type: ignore[no-untyped-def,override]
-        before, pct = stats.moves, 100.0 * cl.allocated_milli / self.capacity_milli
+        before, pct = stats.moves, 100.0 * cl.allocated_milli / cl.capacity_milli
         choice = super().rescue(cl, pod, placed, policy, rng, stats)
         self.log.append(Rescue(pct, choice is not None, pod.gpu_total / MILLI, stats.moves - before))
         return choice
@@ -62,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("no --nodes and no trace: pass --nodes or set GPUDEFRAG_TRACE_DIR")
     trace = load_trace(args.nodes or found / "openb_node_list_gpu_node.csv", args.pods)
     cluster = trace.cluster()
-    workload = build_workload([p.pod for p in trace.pods], cluster.capacity_milli, args.seed, 1.3)
-    rp = LoggingRepacker(cluster.capacity_milli, max_moves=args.max_moves, budget=args.move_budget)
-    result = replay(cluster, workload, "fgd", seed=args.seed, defrag=rp)
+    tune = StaticRun.tune  # the study's workload, as every static run builds it
+    workload = build_workload([p.pod for p in trace.pods], cluster.capacity_milli, args.seed, tune)
+    rp = LoggingRepacker(max_moves=args.max_moves, budget=args.move_budget)
+    result = replay(cluster, workload, "fgd", seed=args.seed, tune=tune, defrag=rp)
     print(f"{Path(args.pods).name} seed {args.seed}: unallocated at 100 % {100 - result.curve[100]:.2f} %, "
           f"{result.stats.moves} moves")
     print(f"{'allocated %':>12} {'calls':>6} {'placed':>7} {'GPUs':>7} {'moves':>6}")
