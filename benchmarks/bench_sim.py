@@ -105,10 +105,10 @@ def _variants(quick: bool) -> list[Row]:
                             note="no cached results for this variant: nothing to compare with, not run"))
             continue
         lr = run_list(trace, name, seeds, workers)
-        for p, (ours, _d100, dmax, good) in lr.check().items():
-            rows.append(Row(AREA, f"{name} {p}: median unallocated @100 %", ours, "%",
-                            f"authors {lr.theirs[p][100]:.2f} ± {TOL_100[p]}", good if not quick else None,
-                            note=f"max |Δ| 75–130 = {dmax:.2f} ({len(seeds)} seeds)"))
+        for p, c in lr.check().items():
+            rows.append(Row(AREA, f"{name} {p}: median unallocated @100 %", c.ours, "%",
+                            f"authors {lr.theirs[p][100]:.2f} ± {TOL_100[p]}", c.ok if not quick else None,
+                            note=f"max |Δ| 75–130 = {c.dmax:.2f}, same-distribution p {c.p:.2f} ({len(seeds)} seeds)"))
     return rows
 
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from rich.console import Console
@@ -63,6 +64,17 @@ def pod_list(trace: Path, name: str) -> Path:
     return trace / "variants" / f"openb_pod_list_{name}.csv"
 
 
+class PolicyCheck(NamedTuple):
+    """One policy on one list against the authors' numbers at 100 % arrived (read by name: the tuple grew once
+    and a caller that unpacked it by position broke)."""
+
+    ours: float  # our median unallocated GPU % at 100 % arrived
+    d100: float  # |ours − theirs| at 100 %
+    dmax: float  # max |Δ| over the 75–130 % curve
+    ok: bool  # d100 within the tolerance
+    p: float  # Mann–Whitney p that our seeds and theirs at 100 % come from one distribution
+
+
 @dataclass
 class ListResult:
     """One pod list: our median curves, the authors', the per-policy check, and where their numbers came from."""
@@ -75,9 +87,8 @@ class ListResult:
     results: list[ReplayResult] = field(default_factory=list)
     their_runs: dict[str, np.ndarray] = field(default_factory=dict)  # per policy: the authors' seeds × arrived %
 
-    def check(self) -> dict[str, tuple[float, float, float, bool, float]]:
-        """Per policy with the authors' numbers: (ours @100, |Δ| @100, max |Δ| 75–130, within tolerance @100,
-        Mann–Whitney p at 100 % that our seeds and theirs come from one distribution)."""
+    def check(self) -> dict[str, PolicyCheck]:
+        """Per policy with the authors' numbers: how ours compares with theirs."""
         out = {}
         for p, m in self.ours.items():
             a = self.theirs.get(p)
@@ -87,7 +98,8 @@ class ListResult:
             dmax = max_abs_diff(m, a)
             mine = [r.unallocated_at(100) for r in self.results if r.policy == p]
             theirs = self.their_runs[p][:, 100] if p in self.their_runs else []
-            out[p] = (float(m[100]), d100, dmax, d100 <= TOL_100.get(p, 0.5), same_distribution_p(mine, theirs))
+            out[p] = PolicyCheck(float(m[100]), d100, dmax, d100 <= TOL_100.get(p, 0.5),
+                                 same_distribution_p(mine, theirs))
         return out
 
 
@@ -113,9 +125,9 @@ def variants_table(lists: Sequence[ListResult]) -> Table:
         for i, p in enumerate(FGD_STUDY_POLICIES):
             if p not in chk:
                 continue
-            ours, d100, dmax, ok, pval = chk[p]
-            t.add_row(lr.name if i == 0 else "", p, f"{ours:.2f}", f"{lr.theirs[p][100]:.2f}", f"{d100:.2f}",
-                      f"{dmax:.2f}", "[green]ok[/]" if ok else "[red]MISS[/]", f"{pval:.2f}",
+            c = chk[p]
+            t.add_row(lr.name if i == 0 else "", p, f"{c.ours:.2f}", f"{lr.theirs[p][100]:.2f}", f"{c.d100:.2f}",
+                      f"{c.dmax:.2f}", "[green]ok[/]" if c.ok else "[red]MISS[/]", f"{c.p:.2f}",
                       end_section=i == len(FGD_STUDY_POLICIES) - 1)
     return t
 
@@ -302,7 +314,7 @@ def main() -> int:
         else:  # nothing to compare with: say so rather than spend the CPU
             lr = ListResult(name, {}, {}, "none", 0)
         lists.append(lr)
-        ok &= all(v[3] for v in lr.check().values())
+        ok &= all(c.ok for c in lr.check().values())
         console.print(f"{name}: {len(lr.results)} runs in {time.perf_counter() - t0:.0f} s")
         if out:
             _append(out / "variants.csv", ["list", "policy", "seed", "unallocated_100", "seconds"],
@@ -310,8 +322,8 @@ def main() -> int:
                      for r in lr.results])
             _append(out / "variants_summary.csv", ["list", "policy", "seeds", "ours_100", "authors_100",
                                                    "abs_diff_100", "max_abs_diff_75_130", "ok", "same_dist_p"],
-                    [[name, p, lr.seeds, f"{v[0]:.2f}", f"{lr.theirs[p][100]:.2f}", f"{v[1]:.2f}", f"{v[2]:.2f}",
-                      v[3], f"{v[4]:.3f}"] for p, v in lr.check().items()])
+                    [[name, p, lr.seeds, f"{c.ours:.2f}", f"{lr.theirs[p][100]:.2f}", f"{c.d100:.2f}",
+                      f"{c.dmax:.2f}", c.ok, f"{c.p:.3f}"] for p, c in lr.check().items()])
     if lists:
         console.print(variants_table(lists))
     if args.moves:
