@@ -186,11 +186,13 @@ def test_static_repack_takes_a_move_budget_and_a_gib_budget(tmp_path: Path):
     n, p = write_trace(tmp_path, NODES, PODS)
     r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "r"), "--seeds",
                   "1", "--policies", "fgd", "--defrag", "repack", "--move-budget", "0.05", "--gib-per-gpu", "150",
-                  "--gib-budget", "5000", "--workers", "1", "--no-bound")
+                  "--gib-budget", "5000", "--saturated", "0.9", "--workers", "1", "--no-bound")
     assert r.returncode == 0, r.stderr
     report = " ".join((tmp_path / "r" / "report.md").read_text().split())
-    assert "≤ 0.05 per placed pod" in report and "150.0 GiB per GPU placed, ≤ 5000.0 GiB per run" in report
-    for bad in (["--gib-budget", "-1"], ["--move-budget", "nan"], ["--gib-per-gpu", "inf"]):
+    assert "≤ 0.05 per placed pod" in report and "150.0 GiB per GPU placed, " in report
+    assert "rescue once the pool is ≥ 90% allocated, ≤ 5000.0 GiB per run" in report
+    for bad in (["--gib-budget", "-1"], ["--move-budget", "nan"], ["--gib-per-gpu", "inf"], ["--saturated", "1.5"],
+                ["--saturated", "nan"]):
         r = gpudefrag("simulate", "static", "--nodes", str(n), "--pods", str(p), "--out", str(tmp_path / "x"),
                       "--defrag", "repack", *bad)
         assert r.returncode == 2 and bad[0] in r.stderr and not (tmp_path / "x").exists(), r.stderr

@@ -284,3 +284,45 @@ def test_the_moves_per_gpu_cap_refuses_a_rescue_that_moves_too_many_pods_for_wha
         assert ch is None and stats.moves == 0
         after = _snapshot(cl, placed)
         assert all(np.array_equal(a, b) for a, b in zip(before[:5], after[:5], strict=True))
+
+
+@pytest.mark.parametrize(("saturated", "rescued"), [(0.7, True), (0.8, False), (0.0, True)])
+def test_a_pod_is_rescued_only_once_the_pool_of_its_gpu_models_is_as_full_as_asked(saturated, rescued):
+    # the chain's two nodes (model G) are 72.5 % allocated; an idle node of model H brings the cluster to 48 %:
+    # a pod bound to G is judged by G's pool, not by the cluster
+    g_pod = Pod(1, MILLI, gpu_models=("G",))
+    cl = make_cluster([[MILLI] * 2] * 3, models=["G", "G", "H"], mix=fgd_mix([Pod(1, MILLI)]))
+    placed = Placed.for_cluster(cl)
+    for pod, ch in CHAIN:
+        cl.place(pod, ch)
+        placed.add(pod, ch)
+    assert cl.allocated_share(("G",)) == pytest.approx(0.725)
+    assert cl.allocated_share() == pytest.approx(2900 / 6000)
+    assert cl.allocated_share(("H",)) == 0.0
+    before = _snapshot(cl, placed)
+    stats = MoveStats()
+    d = ChainRepacker(max_moves=8, budget=10, saturated=saturated, check_clearable=False)
+    ch = d.rescue(cl, g_pod, placed, get_policy("bestfit"), np.random.default_rng(0), stats)
+    if rescued:
+        assert ch is not None and cl.models[ch.node] == "G" and stats.moves >= 1
+        assert _consistent(cl, placed, [(g_pod, ch)])
+    else:
+        assert ch is None and stats.moves == 0
+        after = _snapshot(cl, placed)
+        assert all(np.array_equal(a, b) for a, b in zip(before[:5], after[:5], strict=True))
+
+
+@pytest.mark.parametrize(("saturated", "rescued"), [(0.99, False), (0.0, True)])
+def test_a_multi_gpu_pod_held_back_by_the_saturation_rule_is_counted_as_over_the_limits(saturated, rescued):
+    # node 2 holds 400 and 200 milli pods that fit the holes of node 0: two moves free it for a 2-GPU pod; the
+    # cluster is 58 % allocated, so a 99 % rule holds the rescue back and says more than its limits was needed
+    x, y = Pod(1, 400), Pod(1, 200)
+    cl, placed = _setup([[MILLI] * 2] * 3, [*CHAIN, (x, Choice(2, (0,))), (y, Choice(2, (1,)))])
+    stats = MoveStats()
+    d = ChainRepacker(max_moves=8, budget=10, saturated=saturated)
+    ch = d.rescue(cl, Pod(2, MILLI), placed, get_policy("bestfit"), np.random.default_rng(0), stats)
+    assert stats.multi_gpu_failed_clearable == 0
+    if rescued:
+        assert ch == Choice(2, (0, 1)) and stats.moves == 2 and stats.multi_gpu_failed_over_budget == 0
+    else:
+        assert ch is None and stats.moves == 0 and stats.multi_gpu_failed_over_budget == 1

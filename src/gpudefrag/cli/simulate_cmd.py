@@ -114,6 +114,10 @@ def static(
     moves_per_gpu: float = typer.Option(0.0, "--moves-per-gpu", help="repack: pods a rescue may move per GPU it "
                                         "places (a scarce moves budget goes to the rescues placing most per move; "
                                         "0 = only --max-moves)"),
+    saturated: float = typer.Option(0.0, "--saturated", help="repack: rescue a pod only once the nodes of its "
+                                    "GPU models are at least this share allocated, 0..1 (pods never leave a static "
+                                    "replay, so room made in a pool with room to spare is filled by later arrivals "
+                                    "anyway; 0 = always)"),
     deschedule_ratio: float = typer.Option(0.05, "--deschedule-ratio", help="deschedule: evict at most this "
                                            "ratio of the pods on the cluster (one pass, at the first failure)"),
     deschedule_policy: str = typer.Option("fragOnePod", "--deschedule-policy",
@@ -160,9 +164,11 @@ def static(
         cl = trace.cluster()
     _non_negative(("--gib-per-gpu", gib_per_gpu), ("--gib-budget", gib_budget), ("--move-budget", move_budget),
                   ("--moves-per-gpu", moves_per_gpu))
+    if not 0 <= saturated <= 1:
+        raise InputError("--saturated", "", f"must be in 0..1, got {saturated}")
     runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""),
                        gib_per_gpu, deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget,
-                       moves_per_gpu)
+                       moves_per_gpu, saturated)
     with _progress() as prog:
         task = prog.add_task("replays", total=len(runs))
         results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
@@ -182,6 +188,7 @@ def static(
     if "repack" in acts:
         meta["repack price"] = (f"{gib_per_gpu or 'free'} GiB per GPU placed, "
                                 f"{f'≤ {moves_per_gpu} moves per GPU placed, ' if moves_per_gpu else ''}"
+                                f"{f'rescue once the pool is ≥ {saturated:.0%} allocated, ' if saturated else ''}"
                                 f"{f'≤ {gib_budget} GiB' if gib_budget else 'no GiB cap'} per run")
     if "deschedule" in acts:
         meta["deschedule"] = (f"{deschedule_policy}, ratio {deschedule_ratio}, "

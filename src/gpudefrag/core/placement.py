@@ -180,6 +180,13 @@ class Cluster(Capacity):
     def allocated_milli(self) -> int:
         return self.capacity_milli - int(self.gpu_left.sum())
 
+    def allocated_share(self, models: tuple[str, ...] = ()) -> float:
+        """The share of the GPU capacity in use on the nodes of `models` (every node when empty): how full the
+        pool is that a pod naming those models may use."""
+        free = self.free[self.model_mask(models)]
+        cap = int((free >= 0).sum()) * MILLI
+        return 1.0 - int(free[free > 0].sum()) / cap if cap else 1.0
+
     def fragmentation(self) -> np.ndarray:
         """F_n(M) per node in milli-GPU for the cluster's workload mix."""
         return self._fgd_cache().frag.copy()

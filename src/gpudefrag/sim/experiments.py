@@ -50,6 +50,7 @@ class StaticRun:
     move_budget: float = 0.1  # migrate / evict / repack: moves per placed pod the whole run may make
     gib_budget: float = 0.0  # repack: checkpoint GiB the whole run may write (0 = no cap)
     moves_per_gpu: float = 0.0  # repack: pods a rescue may move per GPU it places (0 = only --max-moves)
+    saturated: float = 0.0  # repack: rescue only once the nodes of the pod's GPU models are this allocated (0 = always)
 
 
 @lru_cache(maxsize=4)
@@ -81,7 +82,8 @@ def run_one(run: StaticRun) -> ReplayResult:
             from .repack import ChainRepacker
 
             defrag = ChainRepacker(max_moves=run.max_moves, budget=run.move_budget, gib_per_gpu=run.gib_per_gpu,
-                                   gib_budget=run.gib_budget, moves_per_gpu=run.moves_per_gpu)
+                                   gib_budget=run.gib_budget, moves_per_gpu=run.moves_per_gpu,
+                                   saturated=run.saturated)
         elif run.defrag == "deschedule":
             from .deschedule import Descheduler
 
@@ -204,9 +206,10 @@ def static_runs(nodes: str, pods: str, policies: Sequence[str] = FGD_STUDY_POLIC
                 seeds: Sequence[int] = DEFAULT_SEEDS, tune: float = 1.3, defrag: Sequence[str] = ("none",),
                 max_moves: int = 8, snapshot: str = "", gib_per_gpu: float = 0.0, deschedule_ratio: float = 0.05,
                 deschedule_policy: str = "fragOnePod", deschedule_repeat: bool = False, move_budget: float = 0.1,
-                gib_budget: float = 0.0, moves_per_gpu: float = 0.0) -> list[StaticRun]:
+                gib_budget: float = 0.0, moves_per_gpu: float = 0.0, saturated: float = 0.0) -> list[StaticRun]:
     return [StaticRun(str(nodes), str(pods), p, s, tune, d, max_moves, str(snapshot or ""), gib_per_gpu,
-                      deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget, moves_per_gpu)
+                      deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget, moves_per_gpu,
+                      saturated)
             for d in defrag for p in policies for s in seeds]
 
 

@@ -25,7 +25,10 @@ moves find nothing). `ChainRepacker` tries three things in turn, cheapest first:
    than allowed, is rolled back exactly. A pod moved (its node or GPU changed) counts once per rescue,
    however often it was touched; a pod that ends where it started is not a move.
 
-A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it. A move
+A global budget (`budget` moves per placed pod, default 0.1) and `max_moves` per rescued pod bound it.
+`saturated` keeps that budget for the rescues that count when pods never leave (the static replay): a pod is
+rescued only once the nodes of its GPU models are that full, since room made in a pool with room to spare is
+filled by later arrivals anyway, and a pod bound to a few GPU models fails long before the cluster fills. A move
 price (`gib_per_gpu`) makes it weigh what the moves cost: a rescue may write at most that many GiB of checkpoints
 (sim/costs.py's size model) per GPU it places; a dearer one is undone and the next stage (or target) tried,
 and relief and the pool repack then look for the rescue that writes the fewest bytes, not the fewest moves. A run
@@ -33,7 +36,8 @@ budget (`gib_budget`, the checkpoint traffic an operator allows) caps the GiB al
 Moves are priced by core.cost, as the planner prices them. Multi-GPU
 pods that fail are checked once more with unlimited moves (not applied) and counted in
 `MoveStats.multi_gpu_failed_clearable` when relief or a repack within the rescue's limits (moves, budget, price)
-could have placed them, in `multi_gpu_failed_over_budget` when only more than the limits allow could have.
+could have placed them, in `multi_gpu_failed_over_budget` when only more than the limits (or before
+`saturated`) allow could have.
 """
 
 from __future__ import annotations
@@ -166,6 +170,7 @@ class ChainRepacker:
     gib_per_gpu: float = 0.0  # the move price: a rescue may move at most this many GiB per GPU placed; 0 = free
     gib_budget: float = 0.0  # checkpoint GiB the whole run may write (an operator's traffic cap); 0 = no cap
     moves_per_gpu: float = 0.0  # a rescue may move at most this many pods per GPU it places; 0 = max_moves only
+    saturated: float = 0.0  # rescue only once the pod's pool (nodes of its GPU models) is this allocated; 0 = always
     check_clearable: bool = True  # count multi-GPU failures that unlimited moves would have rescued
     last_moved: list[tuple[int, Choice, Choice]] = field(default_factory=list)
     _failed: dict[tuple[int, tuple[str, ...]], list[tuple[int, int, int]]] = field(default_factory=dict, repr=False)
@@ -188,6 +193,8 @@ class ChainRepacker:
         self._gib_left = self.gib_budget - stats.moved_bytes / GIB if self.gib_budget > 0 else math.inf
         if self._gib_left <= 0:
             limit = 0
+        if self.saturated > 0 and cl.allocated_share(pod.gpu_models) < self.saturated:
+            limit = 0  # its pool still has room: what moves would make, later arrivals would take anyway
         # a pod at least as large as one that found no repack on this very cluster state is not searched again
         state = (cl.allocated_milli, int(cl.cpu_free.sum()), limit)
         if state != self._state:
