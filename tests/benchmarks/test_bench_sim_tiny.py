@@ -11,19 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from gpudefrag.sim.trace import NODE_COLUMNS, POD_COLUMNS
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 AUTHORS = ("01-Random", "02-DotProd", "03-GpuClustering", "04-GpuPacking", "05-BestFit", "06-FGD")
-NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
-POD_HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
-              "scheduled_time")
 
 
 def _pods(path: Path) -> None:
     # no pod above 1 % of the 160 GPUs, so every point of the arrived-% curve is reached
     shapes = [(1, 1000), (1, 500), (1, 300), (1, 700), (0, 0), (1, 250), (1, 100)]
-    rows = [f"p{i},{4000 + 1000 * (i % 5)},8192,{k},{m},,LS,Running,{i},{i + 100},{i}"
-            for i, (k, m) in enumerate(shapes * 30)]
-    path.write_text("\n".join([POD_HEADER, *rows]) + "\n")
+    rows = [f"p{i},{4000 + 1000 * (i % 5)},8192,{k},{m}" for i, (k, m) in enumerate(shapes * 30)]
+    path.write_text("\n".join([",".join(POD_COLUMNS), *rows]) + "\n")  # the five columns every list has
 
 
 def _authors(folder: Path, workload: str) -> None:
@@ -40,7 +38,7 @@ def tiny_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     t = tmp_path / "trace"
     (t / "variants").mkdir(parents=True)
     nodes = [f"n{i},48000,131072,8,{'V100' if i % 2 else 'T4'}" for i in range(20)]
-    (t / "openb_node_list_gpu_node.csv").write_text("\n".join([NODE_HEADER, *nodes]) + "\n")
+    (t / "openb_node_list_gpu_node.csv").write_text("\n".join([",".join(NODE_COLUMNS), *nodes]) + "\n")
     _pods(t / "openb_pod_list_default.csv")
     _pods(t / "variants" / "openb_pod_list_multigpu20.csv")
     _authors(t / "fgd-expected-results", "openb_pod_list_default")

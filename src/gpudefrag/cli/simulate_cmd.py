@@ -64,6 +64,13 @@ def _non_negative(*flags: tuple[str, float]) -> None:
             raise InputError(flag, "", f"must be a number >= 0, got {v}")
 
 
+def _shares(*flags: tuple[str, float]) -> None:
+    """Each (flag, value): a share in 0..1 (NaN is not), or one error naming the flag."""
+    for flag, v in flags:
+        if not 0 <= v <= 1:
+            raise InputError(flag, "", f"must be in 0..1, got {v}")
+
+
 def _check_out(out: Path, force: bool) -> None:
     if out.exists() and not force:
         raise InputError(str(out), "", "output folder exists (use --force to replace it)")
@@ -143,8 +150,7 @@ def static(
 
     acts = _split(defrag, ("none", "migrate", "evict", "repack", "deschedule"), "--defrag")
     _split(deschedule_policy, DESCHEDULE_POLICIES, "--deschedule-policy")
-    if not 0 <= deschedule_ratio <= 1:
-        raise InputError("--deschedule-ratio", "", f"must be in 0..1, got {deschedule_ratio}")
+    _shares(("--deschedule-ratio", deschedule_ratio), ("--saturated", saturated))
     seed_list = parse_seeds(seeds)
     if not tune > 0:
         raise InputError("--tune", "", f"must be > 0, got {tune}")
@@ -164,8 +170,6 @@ def static(
         cl = trace.cluster()
     _non_negative(("--gib-per-gpu", gib_per_gpu), ("--gib-budget", gib_budget), ("--move-budget", move_budget),
                   ("--moves-per-gpu", moves_per_gpu))
-    if not 0 <= saturated <= 1:
-        raise InputError("--saturated", "", f"must be in 0..1, got {saturated}")
     runs = static_runs(str(nodes or ""), str(pods), pols, seed_list, tune, acts, max_moves, str(snapshot or ""),
                        gib_per_gpu, deschedule_ratio, deschedule_policy, deschedule_repeat, move_budget, gib_budget,
                        moves_per_gpu, saturated)

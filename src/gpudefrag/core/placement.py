@@ -183,9 +183,9 @@ class Cluster(Capacity):
     def allocated_share(self, models: tuple[str, ...] = ()) -> float:
         """The share of the GPU capacity in use on the nodes of `models` (every node when empty): how full the
         pool is that a pod naming those models may use."""
-        free = self.free[self.model_mask(models)]
-        cap = int((free >= 0).sum()) * MILLI
-        return 1.0 - int(free[free > 0].sum()) / cap if cap else 1.0
+        mask = self.model_mask(models)
+        cap = int(self.gpu_count[mask].sum()) * MILLI
+        return 1.0 - int(self.gpu_left[mask].sum()) / cap if cap else 1.0
 
     def fragmentation(self) -> np.ndarray:
         """F_n(M) per node in milli-GPU for the cluster's workload mix."""
