@@ -162,7 +162,38 @@ def test_checkpoint_button_records_a_fresh_checkpoint(page: Any, live_server: Li
     expect(page.locator("#workload-detail")).to_contain_text("last checkpoint 7,200 s ago")
     page.click("[data-testid='checkpoint']")
     expect(page.locator("#status")).to_contain_text("checkpoint recorded for train-gpt-small")
+    # the status line comes after the page re-read the state, and the open panel shows it without a click
+    assert "last checkpoint 0 s ago" in page.inner_text("#workload-detail")
+
+
+def test_an_action_during_a_refresh_is_followed_by_a_fresh_one(page: Any, live_server: LiveServer) -> None:
+    """A refresh in flight when the checkpoint lands reads the map from before it; the checkpoint's own refresh
+    used to be dropped as busy, leaving "checkpoint recorded" beside the old state until the next 15 s tick."""
+    open_dashboard(page, live_server, [])
+    page.fill("[data-testid='token']", TOKEN)
     page.click("#workload-legend .item[data-workload='train-gpt-small']")
+    expect(page.locator("#workload-detail")).to_contain_text("last checkpoint 7,200 s ago")
+    held: list[Any] = []  # (route, the map as it was before the checkpoint)
+
+    def hold_the_first(route: Any) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append((route, route.fetch()))
+
+    page.route("**/api/map?*", hold_the_first)
+    page.evaluate("() => { refresh(); }")
+    for _ in range(250):
+        if held:
+            break
+        page.wait_for_timeout(20)
+    assert held, "the refresh never asked for the map"
+    with page.expect_response("**/api/workloads/train-gpt-small/checkpoint") as posted:
+        page.click("[data-testid='checkpoint']")
+    assert posted.value.ok
+    route, before = held[0]
+    route.fulfill(response=before)  # the refresh in flight ends on the old state
+    expect(page.locator("#status")).to_contain_text("checkpoint recorded for train-gpt-small")
     expect(page.locator("#workload-detail")).to_contain_text("last checkpoint 0 s ago")
 
 

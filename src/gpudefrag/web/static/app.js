@@ -14,7 +14,8 @@ const ui = {
   planVersion: null,
   offset: 0,
   limit: 500,
-  busy: false,
+  refreshing: null, // the refresh in flight (a promise), or null
+  refreshAgain: false, // asked for while one was in flight: run once more after it
 };
 
 // ------------------------------------------------------------------------------------------ DOM helpers
@@ -181,6 +182,8 @@ function mapQuery() {
 async function loadMap() {
   const m = await api(`/api/map?${mapQuery()}`);
   for (const w of m.workloads) ui.workloads.set(w.id, w);
+  // an open workload panel shows the state just read, not the one it was opened on
+  if (ui.selectedWorkload && !$("workload-detail").hidden) selectWorkload(ui.selectedWorkload);
   $("map-request").textContent = `— stranded GPUs highlighted for a ${m.request} request`;
   const map = clear($("map"));
   for (const g of m.groups) {
@@ -227,9 +230,9 @@ function selectWorkload(id) {
 async function checkpoint(id) {
   try {
     const r = await post(`/api/workloads/${encodeURIComponent(id)}/checkpoint`);
+    await refresh();
     status(r.mode === "signalled" ? `checkpoint requested from ${id}'s wrapper (USR2 sent)`
       : `checkpoint recorded for ${id} (version ${r.version})`);
-    await refresh();
   } catch (e) {
     actionError("checkpoint", e);
   }
@@ -320,8 +323,8 @@ async function applyPlan(id) {
   try {
     const q = ui.planVersion === null ? "" : `?version=${ui.planVersion}`;
     const r = await post(`/api/pending/${encodeURIComponent(id)}/apply${q}`);
-    status(`applied ${r.moves} move(s); ${r.summary.whole_free_nodes} whole-free node(s) now`);
     await refresh();
+    status(`applied ${r.moves} move(s); ${r.summary.whole_free_nodes} whole-free node(s) now`);
   } catch (e) {
     actionError("apply", e);
   }
@@ -367,9 +370,28 @@ async function loadHistory() {
 }
 
 // ------------------------------------------------------------------------------------------ wiring
-async function refresh() {
-  if (ui.busy) return;
-  ui.busy = true;
+// A refresh asked for while one is in flight (the 15 s tick, an action's own) is not dropped: the one in flight
+// runs once more when it ends, and every caller waits for that, so an action's status line never stands beside
+// the state from before the action.
+function refresh() {
+  if (ui.refreshing) {
+    ui.refreshAgain = true;
+    return ui.refreshing;
+  }
+  ui.refreshing = (async () => {
+    try {
+      do {
+        ui.refreshAgain = false;
+        await loadAll();
+      } while (ui.refreshAgain);
+    } finally {
+      ui.refreshing = null;
+    }
+  })();
+  return ui.refreshing;
+}
+
+async function loadAll() {
   try {
     ui.config = await api("/api/config");
     $("engine").textContent = `engine: ${ui.config.engine}`;
@@ -383,8 +405,6 @@ async function refresh() {
     document.body.dataset.ready = "1";
   } catch (e) {
     status(`could not load the dashboard: ${e.message}`, true);
-  } finally {
-    ui.busy = false;
   }
 }
 
