@@ -195,6 +195,7 @@ def test_an_action_during_a_refresh_is_followed_by_a_fresh_one(page: Any, live_s
     route.fulfill(response=before)  # the refresh in flight ends on the old state
     expect(page.locator("#status")).to_contain_text("checkpoint recorded for train-gpt-small")
     expect(page.locator("#workload-detail")).to_contain_text("last checkpoint 0 s ago")
+    expect(page.locator("#map .cell.selected")).to_have_count(3)  # its GPUs stay highlighted on the new map
 
 
 def test_offline_api_reference_lists_every_operation(page: Any, live_server: LiveServer) -> None:

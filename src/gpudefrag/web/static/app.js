@@ -182,8 +182,6 @@ function mapQuery() {
 async function loadMap() {
   const m = await api(`/api/map?${mapQuery()}`);
   for (const w of m.workloads) ui.workloads.set(w.id, w);
-  // an open workload panel shows the state just read, not the one it was opened on
-  if (ui.selectedWorkload && !$("workload-detail").hidden) selectWorkload(ui.selectedWorkload);
   $("map-request").textContent = `— stranded GPUs highlighted for a ${m.request} request`;
   const map = clear($("map"));
   for (const g of m.groups) {
@@ -206,6 +204,8 @@ async function loadMap() {
     legend.append(el("span", { class: "item", "data-workload": w.id, onclick: () => selectWorkload(w.id) },
       sw, el("span", { class: "wname" }, w.name), el("span", { class: "muted" }, ` ${w.request}`)));
   }
+  // an open workload panel (and its highlighted GPUs on the new map) shows the state just read
+  if (ui.selectedWorkload && !$("workload-detail").hidden) selectWorkload(ui.selectedWorkload);
 }
 
 function selectWorkload(id) {
