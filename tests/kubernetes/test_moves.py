@@ -275,3 +275,32 @@ def test_eviction_names_the_planned_uid(frag_cluster: KubeCluster) -> None:
         dataclasses.replace(seq, ops=tuple(o for o in seq.ops if o.kind is not K.VERIFY_TARGET)))
     assert not res.ok and res.error.startswith("evict-original") and res.rolled_back, res.error
     assert ("ml", "notebook-ana") in api.pods
+
+
+
+@pytest.mark.parametrize("node_state", ["not-ready", "deleted"])
+def test_replacement_ready_on_a_node_that_is_not_never_commits(frag_cluster: KubeCluster, node_state: str) -> None:
+    """The target passed the check, then went NotReady (or away) while the replacement was starting; the
+    replacement is reported Ready anyway. The original is not evicted; the replacement is removed."""
+    seq = build_move(frag_cluster, BARE, MoveOptions(ready_timeout_s=30))
+    api = InMemoryApi(frag_cluster)
+    clock = [0.0]
+
+    def before(_seq: object, _i: int, op: object) -> None:
+        if getattr(op, "kind", None) is not K.WAIT_READY:
+            return
+        if node_state == "deleted":
+            del api.nodes["gpu-node-3"]
+        else:
+            for c in api.nodes["gpu-node-3"]["status"]["conditions"]:
+                if c["type"] == "Ready":
+                    c["status"] = "False"
+
+    ex = Executor(api, publish=lambda *a: None, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+                  clock=lambda: clock[0], before=before)
+    res = ex.run(seq, frag_cluster.state.workload(BARE.workload_id).versions)
+    assert not res.ok and not res.committed and res.rolled_back, res.as_dict()
+    assert ("ml", "notebook-ana") in api.pods and ("ml", seq.replacement) not in api.pods
+    assert not any(p.endswith("/eviction") for _v, p in api.calls)
+    want = ("timed out", "on a Ready node") if node_state == "not-ready" else ("gpu-node-3", "was deleted")
+    assert all(w in res.error for w in want), res.error

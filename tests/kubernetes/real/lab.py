@@ -203,6 +203,28 @@ class KubeLab:
 
         self.wait("nodes Ready", ready)
 
+    def kubelet_gone(self, name: str, hold_s: float = 3.0) -> None:
+        """The node's "kubelet" stops: KWOK lets go of it and its Ready condition turns False, and stays so.
+        KWOK sets a node it still tends back to Ready at once, and it may see the annotation go only seconds
+        later on a loaded machine (a CI flake), so the status is patched again until it holds for `hold_s`."""
+        self.kubectl("annotate", "node", name, "kwok.x-k8s.io/node-")
+        not_ready = json.dumps({"status": {"conditions": [{
+            "type": "Ready", "status": "False", "reason": "KubeletNotReady",
+            "message": "kubelet stopped posting node status"}]}})
+        held_since: float | None = None
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            conds = self.get("node", name)["status"].get("conditions") or []
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                held_since = None
+                self.kubectl("patch", "node", name, "--subresource=status", "-p", not_ready)
+            elif held_since is None:
+                held_since = time.monotonic()
+            elif time.monotonic() - held_since >= hold_s:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{name} did not stay NotReady")
+
     def scheduled_or_refused(self, ns: str, names: Iterable[str], timeout: float = 90) -> None:
         """Wait until each pod is either Running and Ready, or has the scheduler's PodScheduled=False message."""
         def settled() -> bool:

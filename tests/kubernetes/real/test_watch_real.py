@@ -87,10 +87,7 @@ def test_the_cache_follows_pods_and_nodes_and_equals_a_fresh_list(cache: tuple[K
     assert got.state.workload("ml/late").placements[0].node == lab.get("pod", "late", ns="ml")["spec"]["nodeName"]
 
     # a node whose kubelet stops reporting: NotReady in the cache
-    lab.kubectl("annotate", "node", "gpu-node-1", "kwok.x-k8s.io/node-")
-    lab.kubectl("patch", "node", "gpu-node-1", "--subresource=status", "-p", json.dumps(
-        {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                                    "message": "kubelet stopped posting node status"}]}}))
+    lab.kubelet_gone("gpu-node-1")
     until(lab, c, "gpu-node-1 NotReady", lambda k: not k.state.node("gpu-node-1").schedulable)
     same_as_a_fresh_list(lab, c)
     assert {n: f.relists for n, f in c.feeds.items()} == relists, "followed by watching, not by listing again"

@@ -78,8 +78,9 @@ class StepFailed(Exception):
     pass
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    conds = (pod.get("status") or {}).get("conditions") or []
+def _ready(obj: dict[str, Any]) -> bool:
+    """A pod's or a node's Ready condition is True."""
+    conds = (obj.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
@@ -287,8 +288,22 @@ class Executor:
                 phase = (pod.get("status") or {}).get("phase")
                 if phase in ("Failed", "Succeeded"):
                     raise StepFailed(f"replacement {p['pod']} ended ({phase}) before it was Ready")
-                return _ready(pod)
-            self._wait(f"{p['pod']} to become Ready", p["timeout_s"], ready)
+                if not _ready(pod):
+                    return False
+                # A pod Ready on a node that is not (a kubelet gone silent after reporting it) is about to be
+                # marked NotReady by the node lifecycle controller: evicting the original then runs no copy.
+                # Found against the real control plane when the target went NotReady mid-move.
+                where = (pod.get("spec") or {}).get("nodeName") or ""
+                if not where:
+                    return False
+                try:
+                    node = api.read_node(where)
+                except ApiError as e:
+                    if e.status == 404:
+                        raise StepFailed(f"replacement {p['pod']}'s node {where!r} was deleted") from None
+                    raise
+                return _ready(node) and not (node.get("metadata") or {}).get("deletionTimestamp")
+            self._wait(f"{p['pod']} to be Ready on a Ready node", p["timeout_s"], ready)
             return f"{p['pod']} Ready"
         if k is OpKind.EVICT_ORIGINAL:
             # 429 also means "not yet": found against a real cluster, the disruption controller counts the
