@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.model import ClusterState
 from ..base import EngineError, JobInfo, JobPhase, NodeInfo
 from .convert import KubeCluster
-from .executor import ApiError, ClientKubeApi, Executor, KubeApi, MoveResult, Publisher
+from .executor import ApiError, ClientKubeApi, Executor, KubeApi, MoveResult, Publisher, is_ready
 from .load import load_dump
 from .moves import HOSTNAME, MoveLike, MoveOptions, build_move
 
@@ -123,9 +123,8 @@ class KubernetesEngine:
             if e.status == 404:
                 return NodeInfo(name, False, "gone")
             raise EngineError(f"read node {name}: {e}") from None
-        spec, status = raw.get("spec") or {}, raw.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-        cordoned = bool(spec.get("unschedulable"))
+        ready = is_ready(raw)
+        cordoned = bool((raw.get("spec") or {}).get("unschedulable"))
         return NodeInfo(name, ready and not cordoned, "cordoned" if cordoned else ("ready" if ready else "not-ready"))
 
     # ------------------------------------------------------------------ actions

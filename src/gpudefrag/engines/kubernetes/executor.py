@@ -78,8 +78,9 @@ class StepFailed(Exception):
     pass
 
 
-def _ready(obj: dict[str, Any]) -> bool:
-    """A pod's or a node's Ready condition is True."""
+def is_ready(obj: dict[str, Any]) -> bool:
+    """A pod's or a node's Ready condition is True (raw API objects: the executor, the engine and the
+    in-memory API read it the same way)."""
     conds = (obj.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
@@ -288,7 +289,7 @@ class Executor:
                 phase = (pod.get("status") or {}).get("phase")
                 if phase in ("Failed", "Succeeded"):
                     raise StepFailed(f"replacement {p['pod']} ended ({phase}) before it was Ready")
-                if not _ready(pod):
+                if not is_ready(pod):
                     return False
                 # A pod Ready on a node that is not (a kubelet gone silent after reporting it) is about to be
                 # marked NotReady by the node lifecycle controller: evicting the original then runs no copy.
@@ -302,7 +303,7 @@ class Executor:
                     if e.status == 404:
                         raise StepFailed(f"replacement {p['pod']}'s node {where!r} was deleted") from None
                     raise
-                return _ready(node) and not (node.get("metadata") or {}).get("deletionTimestamp")
+                return is_ready(node) and not (node.get("metadata") or {}).get("deletionTimestamp")
             self._wait(f"{p['pod']} to be Ready on a Ready node", p["timeout_s"], ready)
             return f"{p['pod']} Ready"
         if k is OpKind.EVICT_ORIGINAL:

@@ -15,7 +15,7 @@ import itertools
 from typing import Any
 
 from .convert import KubeCluster
-from .executor import ApiError
+from .executor import ApiError, is_ready
 from .moves import ANN_CKPT_DONE, ANN_CKPT_REQUEST, DELETION_COST
 
 
@@ -42,11 +42,6 @@ class InMemoryApi:
     # ------------------------------------------------------------------ helpers
     def _log(self, verb: str, path: str) -> None:
         self.calls.append((verb, path))
-
-    @staticmethod
-    def _ready(pod: dict[str, Any]) -> bool:
-        return any(c.get("type") == "Ready" and c.get("status") == "True"
-                   for c in (pod.get("status") or {}).get("conditions") or [])
 
     def _matches(self, sel: dict[str, Any], labels: dict[str, str]) -> bool:
         return all(labels.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
@@ -142,7 +137,7 @@ class InMemoryApi:
         pod["metadata"]["ownerReferences"] = copy.deepcopy(siblings[0]["metadata"]["ownerReferences"])
         members = [*siblings, pod]
         replicas = len(siblings)  # the count before adoption is the ReplicaSet's spec.replicas
-        members.sort(key=lambda p: (not self._ready(p),
+        members.sort(key=lambda p: (not is_ready(p),
                                     -int(((p["metadata"].get("annotations") or {}).get(DELETION_COST)) or 0)))
         for victim in members[replicas:]:
             self.pods.pop((namespace, victim["metadata"]["name"]), None)
@@ -163,7 +158,7 @@ class InMemoryApi:
             spec = pdb.get("spec") or {}
             if ns != namespace or not self._matches(spec.get("selector") or {}, labels):
                 continue
-            healthy = sum(1 for (pns, _), p in self.pods.items() if pns == ns and self._ready(p)
+            healthy = sum(1 for (pns, _), p in self.pods.items() if pns == ns and is_ready(p)
                           and self._matches(spec.get("selector") or {}, p["metadata"].get("labels") or {}))
             mu, ma = spec.get("maxUnavailable"), spec.get("minAvailable")
             if mu in (0, "0", "0%") or ma == "100%" or (isinstance(ma, int) and healthy - 1 < ma):
