@@ -18,7 +18,7 @@ from gpudefrag.engines.kubernetes import (
     build_move,
     build_moves,
 )
-from gpudefrag.engines.kubernetes.moves import DELETION_COST, HOSTNAME
+from gpudefrag.engines.kubernetes.moves import DELETION_COST, HOSTNAME, MoveSequence, Op
 
 BARE = SimpleMove("ml/notebook-ana", "gpu-node-1", "gpu-node-3")
 RS = SimpleMove("ml/web-embed-7d9c5b6f4-abcde", "gpu-node-0", "gpu-node-3")
@@ -277,7 +277,6 @@ def test_eviction_names_the_planned_uid(frag_cluster: KubeCluster) -> None:
     assert ("ml", "notebook-ana") in api.pods
 
 
-
 @pytest.mark.parametrize("node_state", ["not-ready", "deleted"])
 def test_replacement_ready_on_a_node_that_is_not_never_commits(frag_cluster: KubeCluster, node_state: str) -> None:
     """The target passed the check, then went NotReady (or away) while the replacement was starting; the
@@ -286,8 +285,8 @@ def test_replacement_ready_on_a_node_that_is_not_never_commits(frag_cluster: Kub
     api = InMemoryApi(frag_cluster)
     clock = [0.0]
 
-    def before(_seq: object, _i: int, op: object) -> None:
-        if getattr(op, "kind", None) is not K.WAIT_READY:
+    def before(_seq: MoveSequence, _i: int, op: Op) -> None:
+        if op.kind is not K.WAIT_READY:
             return
         if node_state == "deleted":
             del api.nodes["gpu-node-3"]

@@ -22,6 +22,11 @@ GPU = "nvidia.com/gpu"
 TEST_LABEL = "gpudefrag.io/test"  # on every namespace a test creates, so reset finds them
 
 
+def ready(obj: dict[str, Any]) -> bool:
+    """A pod's or a node's Ready condition is True."""
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in obj["status"].get("conditions") or [])
+
+
 def gpu_node(name: str, gpus: int = 8, *, product: str = H100, plugin: bool = True,
              taints: list[dict[str, str]] | None = None, unschedulable: bool = False,
              mig: dict[str, int] | None = None, full_gpus: int | None = None, pool: str = "gpu-h100",
@@ -190,18 +195,17 @@ class KubeLab:
         self.create(*nodes)
         want = {n["metadata"]["name"]: n["status"]["allocatable"] for n in nodes}
 
-        def ready() -> bool:
+        def all_ready() -> bool:
             items = {n["metadata"]["name"]: n for n in self.get("nodes")["items"]}
             for name, alloc in want.items():
                 n = items.get(name)
-                if n is None or not any(c["type"] == "Ready" and c["status"] == "True"
-                                        for c in n["status"].get("conditions") or []):
+                if n is None or not ready(n):
                     return False
                 if n["status"].get("allocatable", {}).get(GPU) != alloc.get(GPU):
                     return False
             return True
 
-        self.wait("nodes Ready", ready)
+        self.wait("nodes Ready", all_ready)
 
     def kubelet_gone(self, name: str, hold_s: float = 3.0) -> None:
         """The node's "kubelet" stops: KWOK lets go of it and its Ready condition turns False, and stays so.
@@ -214,8 +218,7 @@ class KubeLab:
         held_since: float | None = None
         end = time.monotonic() + 60
         while time.monotonic() < end:
-            conds = self.get("node", name)["status"].get("conditions") or []
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+            if ready(self.get("node", name)):
                 held_since = None
                 self.kubectl("patch", "node", name, "--subresource=status", "-p", not_ready)
             elif held_since is None:

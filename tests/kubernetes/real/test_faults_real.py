@@ -18,8 +18,8 @@ import pytest
 from gpudefrag.engines.kubernetes import ClientKubeApi, Executor, OpKind, SimpleMove, build_move, load_kube
 from gpudefrag.engines.kubernetes.moves import MoveSequence, Op
 
-from .lab import TOOLS, KubeLab, gpu_node, gpu_pod, pdb
-from .test_move_real import RECREATE, by_app, controller, fragmented, migrations, ready
+from .lab import TOOLS, KubeLab, gpu_node, gpu_pod, pdb, ready
+from .test_move_real import RECREATE, by_app, controller, fragmented, migrations
 
 pytestmark = pytest.mark.kube
 

@@ -17,7 +17,7 @@ import pytest
 
 from gpudefrag.engines.kubernetes import SimpleMove, build_move, load_kube
 
-from .lab import REPO, KubeLab, gpu_node, gpu_pod, owner, pdb
+from .lab import REPO, KubeLab, gpu_node, gpu_pod, owner, pdb, ready
 
 pytestmark = pytest.mark.kube
 
@@ -34,10 +34,6 @@ filter:
 action: {kind: migrate, fallback: rollback}
 budgets: {max_concurrent: 2, max_per_node: 2, max_moves_per_plan: 4, max_per_hour: 20}
 """
-
-
-def ready(p: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
 
 
 def by_app(lab: KubeLab, app: str, ns: str = "ml") -> list[dict[str, Any]]:
