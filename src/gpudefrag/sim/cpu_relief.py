@@ -18,7 +18,6 @@ undone exactly.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -26,13 +25,10 @@ import numpy as np
 
 from ..core.placement import Choice, Pod, gpus_for
 from .costs import checkpoint_bytes
+from .replay import gpu_shape
 
 if TYPE_CHECKING:
     from .repack import _Search
-
-
-def _shape(p: Pod) -> tuple[int, int, tuple[str, ...]]:
-    return (p.num_gpu, p.gpu_milli, p.gpu_models)
 
 
 def slot_nodes(s: _Search, pod: Pod, limit: int) -> list[int]:
@@ -72,15 +68,17 @@ Twins = dict[tuple[int, int, tuple[str, ...]], tuple[np.ndarray, np.ndarray, np.
 
 
 def twins_of(s: _Search) -> Twins:
-    """Placed GPU pods by GPU shape (the swap partners): ids, nodes, CPU, memory."""
-    rows: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, int, int, int]]] = defaultdict(list)
-    for pid, (p, ch) in s.placed.pods.items():
-        if p.num_gpu > 0 and pid not in s.limbo:
-            rows[_shape(p)].append((pid, ch.node, p.cpu_milli, p.memory_mib))
+    """Placed GPU pods by GPU shape (the swap partners): ids (ascending), nodes, CPU, memory."""
+    rows, shapes = s.placed.gpu_rows()
+    live = rows[:, 4] == 1
+    if s.limbo:
+        live[list(s.limbo)] = False
+    ids = np.flatnonzero(live)
+    ids = ids[np.argsort(rows[ids, 0], kind="stable")]
     out: Twins = {}
-    for k, v in rows.items():
-        a = np.asarray(v, dtype=np.int64)
-        out[k] = (a[:, 0], a[:, 1], a[:, 2], a[:, 3])
+    for part in np.split(ids, np.flatnonzero(np.diff(rows[ids, 0])) + 1):
+        if len(part):
+            out[shapes[rows[part[0], 0]]] = (part, rows[part, 1], rows[part, 2], rows[part, 3])
     return out
 
 
@@ -102,7 +100,7 @@ def relief_potential(s: _Search, n: int, reserved: set[int], avoid: frozenset[in
             if (ok_dest & (cl.cpu_free >= q.cpu_milli)).any():
                 total += q.cpu_milli
             continue
-        tw = twins.get(_shape(q))
+        tw = twins.get(gpu_shape(q))
         if tw is None:
             continue
         _, where, cpu, _ = tw
@@ -195,7 +193,7 @@ def _best_action(s: _Search, pid: int, q: Pod, ch: Choice, n: int, need_cpu: int
     if q.num_gpu == 0:
         return None
     # a swap with a lighter pod of the same GPU shape on a node with the CPU to spare
-    tw = twins.get(_shape(q))
+    tw = twins.get(gpu_shape(q))
     if tw is None:
         return None
     ids, where, cpu, mem = tw

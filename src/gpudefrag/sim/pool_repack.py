@@ -85,7 +85,7 @@ def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
     classes: dict[tuple[int, ...], list[int]] = {}
     for i in order[: 64 * pool]:
         n, g = int(rows[i]), int(cols[i])
-        key = tuple(sorted(s.placed.pods[p][0].gpu_milli for p in s.placed.on(n, g)))
+        key = s.placed.content(n, g)
         classes.setdefault(key, []).append(int(i))
         if len(classes) >= pool:
             break  # the first GPU of each of `pool` contents already fills the pool: the rest is not read

@@ -92,7 +92,8 @@ class Defragmenter(Protocol):
 @dataclass
 class Placed:
     """The pods on the cluster: id → (pod, choice), the ids per node and per GPU, the pod count per GPU, and
-    per pod id its node, first GPU and share as arrays (`sharing_rows`), for the repacker's vectorised scans."""
+    per pod id its node, first GPU and share as arrays (`sharing_rows`), and per GPU pod its GPU shape, node, CPU
+    and memory (`gpu_rows`), for the repacker's vectorised scans."""
 
     npods: np.ndarray  # nodes × GPUs
     pods: dict[int, tuple[Pod, Choice]] = field(default_factory=dict)
@@ -100,6 +101,9 @@ class Placed:
     by_gpu: dict[tuple[int, int], set[int]] = field(default_factory=dict)
     next_id: int = 0
     _where: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), dtype=np.int64))  # node, GPU, share, on
+    _gpu: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), dtype=np.int64))  # shape, node, CPU, mem, on
+    _shapes: dict[tuple[int, int, tuple[str, ...]], int] = field(default_factory=dict)  # GPU shape → its number
+    _content: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)  # (node, GPU) → its shares
 
     @staticmethod
     def for_cluster(cl: Cluster) -> Placed:
@@ -113,20 +117,25 @@ class Placed:
             self.by_node[n].discard(pid)
         for g in choice.gpus:
             self.npods[n, g] += delta
+            here = self.by_gpu.setdefault((n, g), set())
             if delta > 0:
-                self.by_gpu.setdefault((n, g), set()).add(pid)
+                here.add(pid)
             else:
-                self.by_gpu[(n, g)].discard(pid)
+                here.discard(pid)
+            self._content[(n, g)] = tuple(sorted(self.pods[p][0].gpu_milli for p in here))
         if pod.is_sharing:
             self._where[pid] = (n, choice.gpus[0], pod.gpu_milli, 1 if delta > 0 else 0)
+        if pod.num_gpu > 0:
+            shape = self._shapes.setdefault(gpu_shape(pod), len(self._shapes))
+            self._gpu[pid] = (shape, n, pod.cpu_milli, pod.memory_mib, 1 if delta > 0 else 0)
 
     def add(self, pod: Pod, choice: Choice) -> int:
         pid = self.next_id
         self.next_id += 1
         if pid >= len(self._where):
-            grown = np.zeros((max(1024, 2 * len(self._where)), 4), dtype=np.int64)
-            grown[: len(self._where)] = self._where
-            self._where = grown
+            rows = max(1024, 2 * len(self._where))
+            self._where = np.concatenate([self._where, np.zeros((rows - len(self._where), 4), dtype=np.int64)])
+            self._gpu = np.concatenate([self._gpu, np.zeros((rows - len(self._gpu), 5), dtype=np.int64)])
         self.pods[pid] = (pod, choice)
         self._index(pid, pod, choice, 1)
         return pid
@@ -148,9 +157,23 @@ class Placed:
             return sorted(self.by_node.get(node, ()))
         return sorted(self.by_gpu.get((node, gpu), ()))
 
+    def content(self, node: int, gpu: int) -> tuple[int, ...]:
+        """The shares of the pods on one GPU, ascending (what the pool repacker tells GPUs apart by)."""
+        return self._content.get((node, gpu), ())
+
     def sharing_rows(self) -> np.ndarray:
         """Per pod id (rows up to next_id): node, GPU, share, 1 if a placed sharing pod (else 0)."""
         return self._where[: self.next_id]
+
+    def gpu_rows(self) -> tuple[np.ndarray, list[tuple[int, int, tuple[str, ...]]]]:
+        """Per pod id (rows up to next_id): GPU shape number, node, CPU, memory, 1 if a placed GPU pod (else 0);
+        and the shapes by number."""
+        return self._gpu[: self.next_id], list(self._shapes)
+
+
+def gpu_shape(pod: Pod) -> tuple[int, int, tuple[str, ...]]:
+    """What a pod asks of GPUs: pods of one shape can trade places (the repacker's swaps)."""
+    return (pod.num_gpu, pod.gpu_milli, pod.gpu_models)
 
 
 @dataclass
