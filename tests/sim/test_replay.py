@@ -6,10 +6,20 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpudefrag.core.model import MILLI
-from gpudefrag.core.placement import Pod
-from gpudefrag.sim.replay import allocation_ok, bucket_means, build_workload, percentile_curve, replay
+from gpudefrag.core.placement import Choice, Pod
+from gpudefrag.sim.replay import (
+    Placed,
+    allocation_ok,
+    bucket_means,
+    build_workload,
+    gpu_shape,
+    percentile_curve,
+    replay,
+)
 from gpudefrag.sim.report import max_abs_diff
 
 from .conftest import make_cluster
@@ -93,3 +103,55 @@ def test_curves_of_a_short_pod_list_keep_nan_where_no_run_arrived_and_say_nothin
     np.testing.assert_array_equal(med, [3.0, 3.0, 7.0, np.nan])
     np.testing.assert_array_equal(q1, [2.0, 2.5, 7.0, np.nan])
     assert d == 7.0 and np.isnan(none)
+
+
+@st.composite
+def _placements(draw) -> list[tuple[str, int, Pod, Choice]]:
+    """A random history of adds, moves and drops on 3 nodes × 4 GPUs (the index does not check capacity)."""
+    ops: list[tuple[str, int, Pod, Choice]] = []
+    live: list[int] = []
+    nid = 0
+    for _ in range(draw(st.integers(1, 40))):
+        kind = draw(st.sampled_from(["add", "move", "drop"] if live else ["add"]))
+        k = draw(st.integers(0, 2))
+        pod = Pod(k, draw(st.sampled_from([100, 250, 500, MILLI])) if k == 1 else MILLI * (k > 0),
+                  draw(st.integers(0, 8000)), draw(st.integers(0, 4096)), draw(st.sampled_from([(), ("A",)])))
+        ch = Choice(draw(st.integers(0, 2)), tuple(draw(st.permutations(range(4)))[:k]))
+        if kind == "add":
+            ops.append(("add", nid, pod, ch))
+            live.append(nid)
+            nid += 1
+        else:
+            pid = draw(st.sampled_from(live))
+            ops.append((kind, pid, pod, ch))
+            if kind == "drop":
+                live.remove(pid)
+    return ops
+
+
+@given(_placements())
+@settings(max_examples=150, deadline=None)
+def test_the_arrays_placed_keeps_agree_with_its_pods(ops):
+    # the repacker's scans read gpu_rows and content instead of walking the pods: they must say the same
+    placed = Placed(np.zeros((3, 4), dtype=np.int32))
+    for kind, pid, pod, ch in ops:
+        if kind == "add":
+            assert placed.add(pod, ch) == pid
+        elif kind == "move":
+            old = placed.pods[pid][0]
+            placed.move(pid, Choice(ch.node, ch.gpus[: old.num_gpu] if len(ch.gpus) >= old.num_gpu
+                                    else tuple(range(old.num_gpu))))
+        else:
+            placed.drop(pid)
+        rows, shapes = placed.gpu_rows()
+        for q in range(placed.next_id):
+            here = placed.pods.get(q)
+            if here is None or here[0].num_gpu == 0:
+                assert rows[q, 4] == 0
+            else:
+                p, c = here
+                assert (shapes[rows[q, 0]], *rows[q, 1:]) == (gpu_shape(p), c.node, p.cpu_milli, p.memory_mib, 1)
+        for n in range(3):
+            for g in range(4):
+                want = sorted(placed.pods[q][0].gpu_milli for q in placed.on(n, g))
+                assert placed.content(n, g) == tuple(want)
