@@ -119,8 +119,13 @@ def _expected_results(folder: Path, rows: dict[tuple[str, str], float]) -> None:
     (d / "analysis_allo_discrete.csv").write_text("\n".join(lines) + "\n")
 
 
-def test_static_compares_with_the_authors_numbers_for_the_workload_it_ran(tmp_path: Path):
-    n, _ = write_trace(tmp_path, NODES, PODS)
+@pytest.mark.trace
+def test_static_compares_with_the_authors_numbers_for_the_workload_it_ran(tmp_path: Path, alibaba_trace: Path):
+    # their cluster, renamed and reordered (still theirs), and the pod list the tiny one
+    header, *rows = (alibaba_trace / "openb_node_list_gpu_node.csv").read_text().splitlines()
+    theirs = [f"x{i}," + r.split(",", 1)[1] for i, r in enumerate(reversed(rows))]
+    n = tmp_path / "theirs.csv"
+    n.write_text("\n".join([header, *theirs]) + "\n")
     five = tmp_path / "variants" / "openb_pod_list_multigpu20.csv"
     five.parent.mkdir()
     five.write_text("\n".join(["name,cpu_milli,memory_mib,num_gpu,gpu_milli",
@@ -150,6 +155,18 @@ def test_static_compares_with_the_authors_numbers_for_the_workload_it_ran(tmp_pa
     text = " ".join(r.stdout.split())
     assert "no cached results for openb_pod_list_gpushare20" in text
     assert "authors' results: none" in (tmp_path / "r3" / "report.md").read_text()
+    # on another cluster (theirs plus a CPU-only node; a tiny one) the same list compares with nothing
+    more = tmp_path / "more.csv"
+    more.write_text(n.read_text() + "cpu0,32000,262144,0,\n")
+    for i, nodes in enumerate([more, write_trace(tmp_path, NODES, PODS)[0]]):
+        r = gpudefrag("simulate", "static", "--nodes", str(nodes), "--pods", str(five), "--out",
+                      str(tmp_path / f"o{i}"), "--seeds", "1", "--policies", "fgd", "--workers", "1", "--no-bound",
+                      "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["summary"][0]["authors_100"] is None
+        assert doc["authors"] == f"none: {nodes} is not the authors' cluster (the 1,213 GPU nodes of " \
+                                 "openb_node_list_gpu_node.csv)"
 
 
 @pytest.mark.parametrize(("header", "row", "where"), [

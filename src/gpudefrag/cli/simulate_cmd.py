@@ -140,7 +140,7 @@ def static(
 ) -> None:
     """Replay the FGD study's method (shuffle, tune, place one by one, nothing leaves) for policies × seeds."""
     from ..sim.bound import arrived_prefix, lower_bound
-    from ..sim.experiments import AuthorResults, authors_for, run_many, static_runs
+    from ..sim.experiments import AuthorResults, authors_for, is_authors_cluster, run_many, static_runs
     from ..sim.replay import build_workload
     from ..sim.report import POINTS, staged_folder, write_static
     from ..sim.trace import Trace, load_pods, load_trace
@@ -183,8 +183,13 @@ def static(
             wl = build_workload(all_pods, cl.capacity_milli, s, tune)
             bounds.append(lower_bound(arrived_prefix(wl, cl.capacity_milli, 100.0), int(cl.gpu_count.sum())))
     # the authors' numbers only mean something on their cluster, for the workload that ran
-    au = (authors_for(pods, authors) if snapshot is None else
-          AuthorResults(pods.stem, {}, {}, "none: a snapshot's cluster is not the authors'"))
+    if snapshot is not None:
+        au = AuthorResults(pods.stem, {}, {}, "none: a snapshot's cluster is not the authors'")
+    elif not is_authors_cluster(trace.nodes):
+        au = AuthorResults(pods.stem, {}, {}, f"none: {nodes} is not the authors' cluster (the 1,213 GPU nodes "
+                                              "of openb_node_list_gpu_node.csv)")
+    else:
+        au = authors_for(pods, authors)
     meta = {"nodes": str(nodes or snapshot), "pods": str(pods), "policies": ",".join(pols), "seeds": seed_list,
             "tune": tune, "defrag": ",".join(acts), "authors' results": au.source}
     if {"migrate", "evict", "repack"} & set(acts):

@@ -8,6 +8,7 @@ with the trace, not with the product) are read when present.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..core.placement import FGD_STUDY_POLICIES, Cluster
 from .replay import CURVE_MAX, ReplayResult, build_workload, percentile_curve, replay
-from .trace import Trace, TracePod, cluster_from_snapshot, fgd_mix, load_pods, load_trace
+from .trace import Trace, TraceNode, TracePod, cluster_from_snapshot, fgd_mix, load_pods, load_trace
 
 AUTHOR_NAMES = {
     "01-Random": "random", "02-DotProd": "dotproduct", "03-GpuClustering": "gpuclustering",
@@ -183,6 +184,18 @@ class AuthorResults:
     paper_at_100: dict[str, float]
     source: str
     runs: dict[str, np.ndarray] = field(default_factory=dict)  # per policy: seeds × arrived %
+
+
+# the authors ran every list on the 1,213 GPU nodes (6,212 GPUs) of openb_node_list_gpu_node.csv: the digest of
+# those nodes' (CPU, memory, GPUs, model), sorted, so a copy under other names or in another order still counts
+AUTHORS_CLUSTER = "1058ee62e2b755365bfc18026238d81b75db23534918f0aa2b9a6fb2e05537b9"
+
+
+def is_authors_cluster(nodes: Sequence[TraceNode]) -> bool:
+    """Are these the nodes the authors' results were measured on? On any other cluster (their list plus CPU-only
+    nodes, a subset, a custom one) the same pod list gives other numbers, and a comparison would mislead."""
+    rows = sorted(f"{n.cpu_milli},{n.memory_mib},{n.gpus},{n.model or ''}" for n in nodes)
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest() == AUTHORS_CLUSTER
 
 
 def authors_for(pods: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None) -> AuthorResults:
