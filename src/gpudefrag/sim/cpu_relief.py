@@ -74,9 +74,10 @@ def twins_of(s: _Search) -> Twins:
     if s.limbo:
         live[list(s.limbo)] = False
     ids = np.flatnonzero(live)
-    ids = ids[np.argsort(rows[ids, 0], kind="stable")]
+    order = np.argsort(rows[ids, 0], kind="stable")
+    ids, codes = ids[order], rows[ids, 0][order]
     out: Twins = {}
-    for part in np.split(ids, np.flatnonzero(np.diff(rows[ids, 0])) + 1):
+    for part in np.split(ids, np.flatnonzero(np.diff(codes)) + 1):
         if len(part):
             out[shapes[rows[part[0], 0]]] = (part, rows[part, 1], rows[part, 2], rows[part, 3])
     return out

@@ -117,10 +117,11 @@ class Placed:
             self.by_node[n].discard(pid)
         for g in choice.gpus:
             self.npods[n, g] += delta
-            here = self.by_gpu.setdefault((n, g), set())
             if delta > 0:
+                here = self.by_gpu.setdefault((n, g), set())
                 here.add(pid)
             else:
+                here = self.by_gpu[(n, g)]
                 here.discard(pid)
             self._content[(n, g)] = tuple(sorted(self.pods[p][0].gpu_milli for p in here))
         if pod.is_sharing:
