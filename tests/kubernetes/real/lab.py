@@ -173,15 +173,25 @@ class KubeLab:
 
     # ------------------------------------------------------------------ waiting
     @staticmethod
-    def wait(what: str, check: Callable[[], Any], timeout: float = 90, every: float = 0.3) -> Any:
+    def wait(what: str, check: Callable[[], Any], timeout: float = 90, every: float = 0.3,
+             state: Callable[[], str] | None = None) -> Any:
+        """Poll `check` until it is truthy; on timeout say what was awaited and, given `state`, what there was."""
         end = time.monotonic() + timeout
         while True:
             got = check()
             if got:
                 return got
             if time.monotonic() > end:
-                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+                seen = f"; instead: {state()}" if state else ""
+                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{seen}")
             time.sleep(every)
+
+    def pod_states(self, ns: str) -> str:
+        """Each pod in `ns` as name@node phase ready/deleting, for a timeout's message."""
+        return ", ".join(
+            f"{p['metadata']['name']}@{p['spec'].get('nodeName') or '-'} {p['status'].get('phase')}"
+            f"{' ready' if ready(p) else ''}{' deleting' if p['metadata'].get('deletionTimestamp') else ''}"
+            for p in self.pods(ns)) or "no pods"
 
     def namespaces(self, *names: str) -> None:
         """Create test namespaces and wait for their default ServiceAccount (pods are refused until it exists)."""
@@ -251,7 +261,10 @@ class KubeLab:
 
     # ------------------------------------------------------------------ isolation
     def reset(self) -> None:
-        """Back to an empty cluster: the test namespaces (and so their pods) and every node go."""
+        """Back to an empty cluster: the test namespaces (and so their pods) and every node go, then KWOK is
+        restarted with no node leases left. KWOK queues its stages by namespace/name and deletes and patches by
+        name alone, so a stage queued for the last test's `ml/notebook` could delete the next test's pod of that
+        name (a CI flake on a loaded machine); a fresh KWOK holds nothing from before."""
         ns = [n["metadata"]["name"] for n in self.get("namespaces")["items"]
               if (n["metadata"].get("labels") or {}).get(TEST_LABEL)]
         if ns:
@@ -266,3 +279,8 @@ class KubeLab:
             return not left and not self.get("nodes")["items"]
 
         self.wait("test namespaces and nodes to go", empty, timeout=180)
+        subprocess.run([str(TOOLS / "cluster.sh"), "restart", str(self.dir), "kwok"], check=True,
+                       capture_output=True, timeout=60)
+        # the old KWOK's node leases: the new one (another holder) would wait out their 40 s before it took
+        # a node of the same name. With no nodes left the new KWOK makes none until the test's nodes come.
+        self.kubectl("-n", "kube-node-lease", "delete", "leases", "--all", "--wait=false")

@@ -32,7 +32,8 @@ def two_nodes(lab: KubeLab) -> None:
     lab.namespaces("ml")
     lab.create(gpu_pod("notebook", 2, node="gpu-node-1", annotations=RECREATE),
                pdb("notebook", "ml", {"app": "notebook"}, min_available=1))
-    lab.wait("notebook Ready", lambda: ready(lab.get("pod", "notebook", ns="ml")))
+    lab.wait("notebook Ready", lambda: any(ready(p) for p in by_app(lab, "notebook")),
+             state=lambda: lab.pod_states("ml"))
     lab.wait("the PDB", lambda: lab.get("pdb", "notebook", ns="ml")["status"].get("currentHealthy") == 1)
 
 

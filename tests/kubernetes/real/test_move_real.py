@@ -55,7 +55,8 @@ def fragmented(lab: KubeLab) -> dict[str, str]:
     )
     apps = ["finetune", "web-embed", "notebook", "eval"]
     lab.wait("the workloads Running and Ready",
-             lambda: all(len(by_app(lab, a)) == 1 and ready(by_app(lab, a)[0]) for a in apps))
+             lambda: all(len(by_app(lab, a)) == 1 and ready(by_app(lab, a)[0]) for a in apps),
+             state=lambda: lab.pod_states("ml"))
     lab.wait("the PDB to count the healthy pod", lambda: lab.get("pdb", "web-embed", ns="ml")["status"]
              .get("currentHealthy") == 1)
     lab.create(gpu_pod("train-8g", 8))
