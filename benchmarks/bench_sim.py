@@ -2,7 +2,7 @@
 of the study beside the authors', moves compared at equal moved pods, dynamic delays.
 
 `./scripts/bench.sh sim` (full: 6 policies × 10 seeds on every list, the moves comparison on every list with
-seed 42; 41 min on a quiet 2-core machine) or `./scripts/bench.sh --quick sim` (two seeds on the default list, one on
+seed 42; 32 min on a quiet 2-core machine) or `./scripts/bench.sh --quick sim` (two seeds on the default list, one on
 the variants, the moves comparison on the default list only). Needs the Alibaba trace ($GPUDEFRAG_TRACE_DIR or
 ../shared/traces/alibaba-gpu-v2023); without it the trace rows say so (never a silent pass). The full
 side-by-side tables: `benchmarks/reproduce_fgd.py`, `benchmarks/reproduce_variants.py`.
