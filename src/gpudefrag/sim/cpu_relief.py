@@ -74,8 +74,9 @@ def twins_of(s: _Search) -> Twins:
     if s.limbo:
         live[list(s.limbo)] = False
     ids = np.flatnonzero(live)
-    order = np.argsort(rows[ids, 0], kind="stable")
-    ids, codes = ids[order], rows[ids, 0][order]
+    codes = rows[ids, 0]
+    order = np.argsort(codes, kind="stable")
+    ids, codes = ids[order], codes[order]
     out: Twins = {}
     for part in np.split(ids, np.flatnonzero(np.diff(codes)) + 1):
         if len(part):
