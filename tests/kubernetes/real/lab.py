@@ -259,6 +259,12 @@ class KubeLab:
     def events(self, ns: str, reason: str) -> list[dict[str, Any]]:
         return [e for e in self.get("events", ns=ns)["items"] if e.get("reason") == reason]
 
+    def restart(self, component: str) -> None:
+        """Stop one component of the control plane and start it again with its own command line (cluster.sh
+        waits for an API server to answer /readyz)."""
+        subprocess.run([str(TOOLS / "cluster.sh"), "restart", str(self.dir), component], check=True,
+                       capture_output=True, timeout=180)
+
     # ------------------------------------------------------------------ isolation
     def reset(self) -> None:
         """Back to an empty cluster: the test namespaces (and so their pods) and every node go, then KWOK is
@@ -279,8 +285,7 @@ class KubeLab:
             return not left and not self.get("nodes")["items"]
 
         self.wait("test namespaces and nodes to go", empty, timeout=180)
-        subprocess.run([str(TOOLS / "cluster.sh"), "restart", str(self.dir), "kwok"], check=True,
-                       capture_output=True, timeout=60)
+        self.restart("kwok")
         # the old KWOK's node leases: the new one (another holder) would wait out their 40 s before it took
         # a node of the same name. With no nodes left the new KWOK makes none until the test's nodes come.
         self.kubectl("-n", "kube-node-lease", "delete", "leases", "--all", "--wait=false")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from gpudefrag.engines.kubernetes import ClientKubeApi, Executor, OpKind, SimpleMove, build_move, load_kube
 from gpudefrag.engines.kubernetes.moves import MoveSequence, Op
 
-from .lab import TOOLS, KubeLab, gpu_node, gpu_pod, pdb, ready
+from .lab import KubeLab, gpu_node, gpu_pod, pdb, ready
 from .test_move_real import RECREATE, by_app, controller, fragmented, migrations
 
 pytestmark = pytest.mark.kube
@@ -99,8 +98,7 @@ def test_api_server_restarted_while_waiting_for_the_replacement(live: KubeLab) -
     def before(_seq: MoveSequence, _i: int, op: Op) -> None:
         if op.kind is OpKind.WAIT_READY:  # down now, back in a few seconds: the move polls an absent server
             os.kill(old_pid, signal.SIGKILL)
-            t = threading.Thread(target=lambda: (time.sleep(3), subprocess.run(
-                [str(TOOLS / "cluster.sh"), "restart", str(live.dir), "kube-apiserver"])), daemon=True)
+            t = threading.Thread(target=lambda: (time.sleep(3), live.restart("kube-apiserver")), daemon=True)
             t.start()
             threads.append(t)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +20,7 @@ from gpudefrag.engines.kubernetes.watch import WatchCache
 from gpudefrag.engines.registry import make_engine
 from gpudefrag.snapshot import state_to_dict
 
-from .lab import TOOLS, KubeLab, gpu_node, gpu_pod
+from .lab import KubeLab, gpu_node, gpu_pod
 
 pytestmark = pytest.mark.kube
 
@@ -97,8 +96,7 @@ def test_the_cache_follows_pods_and_nodes_and_equals_a_fresh_list(cache: tuple[K
 def restart_api_server(lab: KubeLab) -> None:
     pidfile = lab.dir / "pids" / "kube-apiserver"
     os.kill(int(pidfile.read_text()), signal.SIGKILL)
-    subprocess.run([str(TOOLS / "cluster.sh"), "restart", str(lab.dir), "kube-apiserver"], check=True,
-                   capture_output=True, timeout=180)
+    lab.restart("kube-apiserver")
 
 
 def test_an_expired_resource_version_relists_and_recovers(cache: tuple[KubeLab, WatchCache]) -> None:
@@ -148,8 +146,7 @@ def test_the_cache_survives_an_api_server_restart(cache: tuple[KubeLab, WatchCac
         assert set(down.pods) == {"ml/a", "ml/b", "ml/big"}
         assert any("watch pods: not connected" in w and "stale" in w for w in down.warnings), down.warnings
     finally:
-        subprocess.run([str(TOOLS / "cluster.sh"), "restart", str(lab.dir), "kube-apiserver"], check=True,
-                       capture_output=True, timeout=180)
+        lab.restart("kube-apiserver")
     lab.kubectl("-n", "ml", "delete", "pod", "a", "--grace-period=0", "--force")
     lab.create(gpu_pod("after", 1, node="gpu-node-1"))
     lab.wait("the watches back", lambda: all(f.connected for f in c.feeds.values()), timeout=60)
