@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prove the CUDA checkpoint path on a machine with an NVIDIA GPU (driver >= 570, PyTorch with CUDA,
-# cuda-bindings): a PyTorch process holding GPU tensors is checkpointed through gpudefrag's CUDA backend,
-# killed, restored and verified; prints times and GB/s and writes gpu-check.json (or --out FILE).
+# cuda-bindings): first the driver half alone on a live PyTorch process (lock, checkpoint, restore, unlock;
+# gpu-check-in-place.json), then the whole path: the process checkpointed through gpudefrag's CUDA backend
+# (driver + CRIU), killed, restored and verified; prints times and GB/s and writes gpu-check.json (or --out FILE).
 #   scripts/gpu-check.sh [--gib 1,4] [--out FILE]
 # Needs CRIU >= 4.1: on PATH (scripts/install-criu.sh), $GPUDEFRAG_CRIU, or a copy of the Debian 13 criu
 # prefix (/opt/gpudefrag/criu-root) at ./.criu-root for machines that cannot download it. Python packages the
@@ -26,5 +27,12 @@ fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv 2>/dev/null || echo "nvidia-smi: not available"
 "${GPUDEFRAG_CRIU:-criu}" --version | head -1
-"${GPUDEFRAG_CRIU:-criu}" check || { echo "gpu-check: criu check failed on this kernel" >&2; exit 1; }
-exec "$PY" scripts/gpu_check.py "$@"
+uname -r
+# the driver half first (lock, checkpoint, restore, unlock a live process; no CRIU), then the whole path
+"$PY" scripts/gpu_check.py --in-place --gib 1 --out "${GPU_CHECK_INPLACE_OUT:-gpu-check-in-place.json}" || inplace=$?
+if ! "${GPUDEFRAG_CRIU:-criu}" check; then
+  echo "gpu-check: criu check failed on this kernel: only the CUDA driver half (above) could be checked here" >&2
+  exit 1
+fi
+"$PY" scripts/gpu_check.py "$@" || exit $?
+exit "${inplace:-0}"

@@ -120,6 +120,66 @@ def check_one(gib: float, work: Path, leave_running: bool, pidns: bool = True) -
     return row
 
 
+def gpu_mib_used(pid: int) -> int | None:
+    """Device memory nvidia-smi charges to `pid` (MiB), or None where nvidia-smi cannot say (e.g. gVisor)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+            return int(fields[1])
+    return None
+
+
+def check_in_place(gib: float, work: Path) -> dict[str, object]:
+    """The driver half alone, no CRIU: lock -> checkpoint (device memory into the process's host memory, GPU
+    released) -> restore -> unlock on a live process, then check its tensors and step chain. It is what a CUDA
+    checkpoint does around the CRIU dump, so it proves the cuda-bindings calls against this driver even where
+    CRIU cannot run (gVisor)."""
+    from gpudefrag.checkpoint import probe_job
+    from gpudefrag.checkpoint.cuda import CHECKPOINTED, CudaBackend
+    from gpudefrag.checkpoint.launch import spawn_job
+
+    row: dict[str, object] = {"gib": gib, "mode": "in-place"}
+    be = CudaBackend()
+    log = work / f"gpu-inplace-{gib}.log"
+    job = spawn_job([sys.executable, __file__, "--job", "--log", str(log), "--gib", str(gib)],
+                    stdout=work / f"gpu-inplace-{gib}.out", pidns=False)
+    try:
+        probe_job.wait_step(log, 2, timeout=300)
+        sha = probe_job.request_checksum(log, job.pid, timeout=300)
+        pids = be.cuda_pids(job.pid)
+        row["cuda_pids"] = len(pids)
+        row["gpu_mib_before"] = gpu_mib_used(job.pid)
+        times = be.lock_and_checkpoint(pids)
+        row.update({k: round(v, 3) for k, v in times.items()})
+        row["state_after_checkpoint"] = [be.state(p) for p in pids]
+        row["checkpointed"] = all(be.state(p) == CHECKPOINTED for p in pids)
+        row["gpu_mib_while_checkpointed"] = gpu_mib_used(job.pid)
+        at = probe_job.last_step(log)
+        time.sleep(1.0)
+        row["steps_while_locked"] = probe_job.last_step(log) - at  # CUDA calls block while locked
+        row["restore_unlock_s"] = round(be.restore_and_unlock(pids), 3)
+        probe_job.wait_step(log, probe_job.last_step(log) + 3, timeout=120)
+        row["tensor_sha_equal"] = probe_job.request_checksum(log, job.pid, timeout=300) == sha
+        os.kill(job.pid, signal.SIGTERM)
+        job.reap()
+        rep = probe_job.check_log(log)
+        row["steps_ok"], row["problems"] = rep.ok, rep.problems[:3]
+        row["ok"] = bool(row["checkpointed"] and row["tensor_sha_equal"] and rep.ok)
+    except Exception as e:  # record and go on to the next size
+        row.update(ok=False, error=f"{type(e).__name__}: {e}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job.pid, signal.SIGKILL)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--job", action="store_true")
@@ -128,6 +188,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--work", default="/dev/shm/gpudefrag-gpu-check")
     ap.add_argument("--out", default="gpu-check.json")
+    ap.add_argument("--in-place", action="store_true", help="only the CUDA driver half (lock, checkpoint, "
+                    "restore, unlock a live process), no CRIU: what can be proven where CRIU cannot run")
     ap.add_argument("--no-pidns", action="store_true", help="run the job in the host PID namespace (then a "
                     "restore needs its old PID free)")
     a = ap.parse_args()
@@ -140,19 +202,20 @@ def main() -> int:
 
     try:
         be = CudaBackend()
-        be.check()
+        if not a.in_place:
+            be.check()
     except CheckpointError as e:
         print(f"gpu-check: {e}", file=sys.stderr)
         return 2
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    env = {"criu": be.version(), "gpu": be.gpu_versions().__repr__(), "gpus": be.gpu_map()}
+    env = {"criu": None if a.in_place else be.version(), "gpu": be.gpu_versions().__repr__(), "gpus": be.gpu_map()}
     print(json.dumps(env), flush=True)
     rows = []
     for gib in [float(x) for x in a.gib.split(",")]:
-        for leave in (False, True) if gib == float(a.gib.split(",")[0]) else (False,):
-            row = check_one(gib, work, leave, pidns=not a.no_pidns)
+        for leave in (False, True) if gib == float(a.gib.split(",")[0]) and not a.in_place else (False,):
+            row = check_in_place(gib, work) if a.in_place else check_one(gib, work, leave, pidns=not a.no_pidns)
             print(json.dumps(row), flush=True)
             rows.append(row)
     Path(a.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
