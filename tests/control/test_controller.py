@@ -149,3 +149,107 @@ def test_only_jobs_under_the_wrapper_are_planned_to_move(state, tmp_path: Path) 
                       can_checkpoint=lambda w: w.id in {"a1", "b1", "a2", "b2"})
     plan = some.cycle().plans[0]
     assert plan.feasible and {m.workload_id for m in plan.moves} <= {"a1", "b1", "a2", "b2"}
+
+
+# ---------------------------------------------------------------------------------------------- started plans
+ONE_PER_NODE = {"trigger": {"pending": {"longer_than_s": 10}}, "budgets": {"max_concurrent": 4, "max_per_node": 1}}
+
+
+def _run(sim, c, cycles: int = 80):  # type: ignore[no-untyped-def]
+    reports = []
+    for _ in range(cycles):
+        reports.append(c.cycle())
+        sim.advance(1.0)
+        if any(d.kind in ("plan-finished", "plan-stopped") for d in reports[-1].decisions):
+            break
+    return reports
+
+
+def test_a_plan_the_budget_splits_is_carried_to_its_end(state, tmp_path: Path) -> None:
+    """max_per_node: 1 admits one of the plan's two moves off the node; the second follows in a later cycle, the
+    same node is freed, and the output says the plan started with 1 of 2 and then finished."""
+    sim, c, j = setup(state, tmp_path, ONE_PER_NODE)
+    reports = _run(sim, c)
+    kinds = [d.kind for r in reports for d in r.decisions]
+    started = next(d for r in reports for d in r.decisions if d.kind == "plan-started")
+    assert "1 of 2 move(s) started, 1 more in following cycles" in started.reason
+    assert "1 move(s) per node in flight" in started.reason
+    assert "plan-waiting" in kinds  # the second move waited while the first was in flight
+    fin = next(d for r in reports for d in r.decisions if d.kind == "plan-finished")
+    assert "2 of 2 move(s) made" in fin.reason and fin.detail["plan"] == started.detail["plan"]
+    moved = j.all()
+    assert len(moved) == 2 and all(m.state.value == "done" for m in moved)
+    assert len({m.source for m in moved}) == 1 and moved[0].id < moved[1].id
+    assert moved[1].created_at >= moved[0].updated_at  # one at a time on the node, as the budget says
+    assert {m.data["plan"]["id"] for m in moved} == {started.detail["plan"]}
+    for _ in range(20):
+        if sim.jobs["big"].phase is JobPhase.RUNNING:
+            break
+        sim.advance(1.0)
+    assert sim.jobs["big"].nodes == (moved[0].source,)
+    assert reports[-1].open_plans == []
+
+
+def test_a_restarted_controller_takes_up_a_started_plan_from_the_journal(state, tmp_path: Path) -> None:
+    sim, c, j = setup(state, tmp_path, ONE_PER_NODE)
+    sim.now = 1000.0
+    first = c.cycle()
+    assert any(d.kind == "plan-started" for d in first.decisions) and len(j.all()) == 1
+    pid = first.open_plans[0]["id"]
+    # the controller dies; a new one over the same journal finishes the plan instead of making another
+    c2 = Controller(sim, parse_policy(ONE_PER_NODE), Executor(sim, sim, j, ExecutorConfig(4, 1), clock=lambda: sim.now),
+                    clock=lambda: sim.now)
+    assert list(c2.plans) == [pid] and [m.label() for m in c2.plans[pid].remaining()] == \
+        [f"{m['workload']} {m['source']}->{m['target']}" for m in j.all()[0].data["plan"]["moves"][1:]]
+    reports = _run(sim, c2)
+    assert any(d.kind == "plan-finished" and d.detail["plan"] == pid for d in reports[-1].decisions)
+    assert len(j.all()) == 2 and {m.data["plan"]["id"] for m in j.all()} == {pid}
+
+
+def test_a_plan_the_hourly_budget_cannot_finish_is_not_started(state, tmp_path: Path) -> None:
+    pol = {**ONE_PER_NODE, "budgets": {"max_concurrent": 4, "max_per_node": 2, "max_per_hour": 1}}
+    sim, c, j = setup(state, tmp_path, pol)
+    sim.now = 1000.0
+    r = c.cycle()
+    d = next(d for d in r.decisions if d.kind == "plan-not-started")
+    assert "needs 2 move(s) and the budget allows 1 more this hour" in d.reason
+    assert j.all() == [] and r.open_plans == []
+
+
+def test_a_plan_whose_move_fails_is_stopped_and_says_so(state, tmp_path: Path) -> None:
+    sim, c, j = setup(state, tmp_path, ONE_PER_NODE)
+    sim.now = 1000.0
+    r = c.cycle()
+    first = j.all()[0]
+    assert any(d.kind == "plan-started" for d in r.decisions)
+    sim.inject(first.workload_id, "checkpoint-fail")
+    reports = _run(sim, c)
+    stop = next(d for d in reports[-1].decisions if d.kind == "plan-stopped")
+    assert f"stopped after 0 of 2 move(s): migration {first.id} of {first.workload_id} rolled-back" in stop.reason
+    assert "is not freed" in stop.reason
+    # the plan's second move was never started (the pending job may get a new plan of its own)
+    assert [m.id for m in j.all() if m.data["plan"]["id"] == stop.detail["plan"]] == [first.id]
+
+
+def test_controller_once_carries_the_plan_to_its_end(state, tmp_path: Path) -> None:
+    """`controller --once` with max_per_node: 1 makes both moves of the plan and says the plan finished."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from gpudefrag.snapshot import save_snapshot
+
+    snap, pol = tmp_path / "snap.json", tmp_path / "pol.yaml"
+    save_snapshot(snap, state)
+    pol.write_text(yaml.safe_dump({"trigger": {"pending": {"longer_than_s": 10}, "on_request": True},
+                                   "budgets": {"max_concurrent": 4, "max_per_node": 1}}))
+    p = subprocess.run([sys.executable, "-m", "gpudefrag.cli.main", "controller", "--engine", "sim", "--snapshot",
+                        str(snap), "--policy", str(pol), "--journal", str(tmp_path / "j.db"), "--once"],
+                       capture_output=True, text=True, timeout=120, env={"COLUMNS": "200", "PATH": "/usr/bin"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = " ".join(p.stdout.split())
+    assert "1 of 2 move(s) started, 1 more in following cycles" in out, out
+    assert "finished: 2 of 2 move(s) made" in out, out
+    moved = Journal(tmp_path / "j.db", readonly=True).all()
+    assert len(moved) == 2 and all(m.state.value == "done" for m in moved)

@@ -32,14 +32,28 @@ def test_controller_moves_pods_under_the_policy(tmp_path: Path) -> None:
         first = ctl.cycle()
         kinds = [d.kind for d in first.decisions]
         assert "trigger" in kinds and "plan" in kinds and "submit" in kinds
-        # two moves off gpu-node-3; the policy allows one move per node in flight: the second is deferred
-        assert "defer" in kinds
+        # two moves off gpu-node-3; the policy allows one move per node in flight: the plan starts with the first
+        # and carries the second to the following cycles
+        started = next(d for d in first.decisions if d.kind == "plan-started")
+        assert "1 of 2 move(s) started, 1 more in following cycles" in started.reason, started.reason
+        assert first.open_plans and first.open_plans[0]["id"] == started.detail["plan"]
         submitted = [m for m in journal.all()]
         assert len(submitted) == 1 and submitted[0].state is MigrationState.PLANNED
         second = ctl.cycle()
         done = journal.get(submitted[0].id)
         assert done.state is MigrationState.DONE, journal.steps(done.id)
         assert any(d.kind == "progress" and "done" in d.reason for d in second.decisions)
+        # the second move is journaled in the same cycle the first one ended, under the same plan
+        assert len(journal.all()) == 2 and journal.all()[1].data["plan"]["id"] == started.detail["plan"]
+        third = ctl.cycle()
+        assert all(m.state is MigrationState.DONE for m in journal.all())
+        fin = [d for d in third.decisions if d.kind == "plan-finished"]
+        assert fin and "2 of 2 move(s) made" in fin[0].reason and "gpu-node-3 is freed" in fin[0].reason
+        assert third.open_plans == []
+        # the pod is left to the scheduler for a while (the in-memory API binds nothing): no second plan
+        fourth = ctl.cycle()
+        assert any(d.kind == "skip" and "finished 0 s ago" in d.reason for d in fourth.decisions)
+        assert len(journal.all()) == 2
     ns, name = done.workload_id.split("/")
     assert (ns, name) not in api.pods
     assert any(p["metadata"].get("annotations", {}).get("gpudefrag.io/migrated-from") == done.workload_id

@@ -35,7 +35,8 @@ def controller(
     context: str = typer.Option(None, "--context", help="--engine kubernetes: kubeconfig context (default: "
                                 "in-cluster, else the current context)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be done; change nothing"),
-    once: bool = typer.Option(False, "--once", help="One cycle, as if requested (the CLI request trigger)"),
+    once: bool = typer.Option(False, "--once", help="One cycle, as if requested (the CLI request trigger); a plan "
+                              "it starts is carried to the end (or stopped, saying why) before it exits"),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between cycles"),
     max_cycles: int = typer.Option(None, "--max-cycles", help="Stop after this many cycles"),
     until_idle: bool = typer.Option(False, "--until-idle",
@@ -156,14 +157,12 @@ def controller(
         if sim is None:
             time.sleep(interval)
     if executor is not None and once:
-        # one cycle asked for: finish what it started (bounded by the policy's timeouts)
-        while executor.active():
+        # one cycle asked for: finish what it started — the migrations in flight and every move of a plan it
+        # started that the budget deferred (max_per_node: 1 makes a two-move plan take two rounds) — bounded by
+        # the policy's timeouts; no new plan is started meanwhile
+        while executor.active() or ctl.plans:
             time.sleep(interval if sim is None else 0)
-            if sim is not None:
-                sim.advance(interval)
-            for m in executor.tick():
-                log(f"migration {m.id} of {m.workload_id}: {m.state.value}")
-
+            on_cycle(ctl.cycle(plan_new=False))
 
 def migrations(
     journal: Path = typer.Option(None, "--journal", envvar="GPUDEFRAG_JOURNAL", help="SQLite journal"),

@@ -26,11 +26,14 @@ from ..policy.models import Policy
 from ..policy.options import PlanInputs, plan_options
 from ..policy.triggers import Target, TriggerContext, evaluate
 from .executor import Executor
+from .plans import MADE, OpenPlan, PlannedMove, new_plan_id, open_plans, outcome
 
 
 @dataclass
 class Decision:
-    kind: str  # trigger | skip | plan | submit | defer | dry-run | error
+    # trigger | skip | plan | submit | defer | dry-run | error | progress | alternative, and for a started plan
+    # (gpudefrag.control.plans): plan-started | plan-waiting | plan-finished | plan-stopped | plan-not-started
+    kind: str
     reason: str
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -49,11 +52,16 @@ class CycleReport:
     in_flight: int
     duration_s: float
     dry_run: bool
+    open_plans: list[dict[str, Any]] = field(default_factory=list)  # started plans not yet finished or stopped
 
     def as_dict(self) -> dict[str, Any]:
         return {"at": self.at, "nodes": self.nodes, "running": self.running, "pending": self.pending,
                 "in_flight": self.in_flight, "duration_s": round(self.duration_s, 4), "dry_run": self.dry_run,
+                "open_plans": self.open_plans,
                 "decisions": [d.as_dict() for d in self.decisions], "plans": [p.as_dict() for p in self.plans]}
+
+
+SETTLE_S = 60.0  # after a plan finished, its pending workload is left to the scheduler this long before replanning
 
 
 class Controller:
@@ -78,13 +86,21 @@ class Controller:
         self._requested = False
         self._last_cron: float | None = None
         self._last_keys: set[tuple[str, str, str]] = set()
+        # started plans carried across cycles until every move is made (or one fails); a restarted controller
+        # takes up the ones its predecessor left from the journal
+        self.plans: dict[str, OpenPlan] = {}
+        self._finished: dict[str, float] = {}  # pending workload -> when the plan for it finished
+        if executor is not None and not dry_run:
+            self.plans = {p.id: p for p in open_plans(executor.journal, now=clock())}
 
     def request(self) -> None:
         """An explicit request (CLI/API): the next cycle evaluates the policy as if a trigger fired."""
         self._requested = True
 
     # ------------------------------------------------------------------ one cycle
-    def cycle(self) -> CycleReport:
+    def cycle(self, *, plan_new: bool = True) -> CycleReport:
+        """One cycle. `plan_new=False` only advances what is started (migrations in flight, started plans):
+        what `controller --once` runs after its one cycle until the plan it started is finished or stopped."""
         t0 = time.perf_counter()
         decisions: list[Decision] = []
         plans: list[Plan] = []
@@ -96,15 +112,23 @@ class Controller:
         if self.enrich is not None:
             state = self.enrich(state)
         now = self.clock()
-        targets = self.triggers(state, now, decisions)
+        self._carry(state, decisions)
+        targets = self.triggers(state, now, decisions) if plan_new else []
         if targets and self.policy.action.kind == "never":
             decisions.append(Decision("skip", "policy action is 'never': diagnosis and plans are reported only"))
         busy = self.executor.busy_workloads() if self.executor is not None else set()
+        busy |= {m.workload_id for p in self.plans.values() for m in p.remaining()}
         planned_for = self._in_flight_for()
         for t in targets:
             if t.workload_id is not None and t.workload_id in planned_for:
                 decisions.append(Decision("skip", f"moves for {t.workload_id} are already in flight",
                                           {"workload": t.workload_id}))
+                continue
+            since = now - self._finished.get(t.workload_id or "", -SETTLE_S)
+            if t.workload_id is not None and since < SETTLE_S:
+                decisions.append(Decision("skip", f"the plan for {t.workload_id} finished {since:.0f} s ago: the "
+                                          "scheduler has the freed node to place it; no new plan before "
+                                          f"{SETTLE_S:g} s", {"workload": t.workload_id}))
                 continue
             choice = self.decide(state, t, busy)
             if choice.plan is None:
@@ -131,19 +155,10 @@ class Controller:
                 decisions.append(Decision("dry-run", f"would move {', '.join(moves) or 'nothing'}",
                                           {"workload": t.workload_id, "moves": moves}))
                 continue
-            assert self.executor is not None
-            adm = self.executor.submit(plan.moves, reason=t.why,
-                                       plan={"for": t.workload_id, "target_node": plan.target_node},
-                                       compat=self.inputs.compat.as_dict())
-            for m in adm.admitted:
-                busy.add(m.workload_id)
-                decisions.append(Decision("submit", f"migration {m.id}: {m.workload_id} {m.source} -> {m.target}",
-                                          {"migration": m.id, "workload": m.workload_id}))
-            for wid, why in adm.deferred:
-                decisions.append(Decision("defer", f"{wid}: {why}", {"workload": wid}))
+            self._start(plan, t.workload_id, t.why, busy, decisions)
         report = CycleReport(now, len(state.nodes), len(state.running), len(state.pending), decisions, plans,
                              len(self.executor.active()) if self.executor is not None else 0,
-                             time.perf_counter() - t0, self.dry_run)
+                             time.perf_counter() - t0, self.dry_run, [p.as_dict() for p in self.plans.values()])
         # log and journal a decision when it is new, not every cycle it repeats (a job pending for an hour would
         # otherwise write "trigger ... / skip: in flight" every few seconds)
         keys = set()
@@ -159,10 +174,93 @@ class Controller:
         self._last_keys = keys
         return report
 
+    # ------------------------------------------------------------------ started plans
+    def _start(self, plan: Plan, for_workload: str | None, why: str, busy: set[str],
+               decisions: list[Decision]) -> None:
+        """Start a plan, or do not: a plan the hourly budget cannot finish is not started; otherwise its first
+        moves are journaled (as many as the budget admits now, in the plan's order) and the rest carried."""
+        assert self.executor is not None
+        moves = [PlannedMove.of(m) for m in plan.moves]
+        cfg = self.executor.config
+        if cfg.max_per_hour is not None:
+            left = cfg.max_per_hour - self.executor.journal.started_since(self.clock() - 3600)
+            if len(moves) > left:
+                decisions.append(Decision("plan-not-started", f"plan for {for_workload or plan.target_node} not "
+                                          f"started: it needs {len(moves)} move(s) and the budget allows "
+                                          f"{max(left, 0)} more this hour (max_per_hour {cfg.max_per_hour})",
+                                          {"workload": for_workload}))
+                return
+        op = OpenPlan(new_plan_id(), for_workload, plan.target_node, why, tuple(moves), self.inputs.compat.as_dict())
+        admitted, why_not = self._submit(op, decisions)
+        if not admitted:
+            decisions.append(Decision("plan-not-started", f"plan for {for_workload or plan.target_node} not "
+                                      f"started: {why_not}; planned again next cycle", {"workload": for_workload}))
+            return
+        busy |= set(op.migrations)
+        self.plans[op.id] = op
+        n, k = len(op.moves), len(op.migrations)
+        rest = (f", {n - k} more in following cycles as the budget allows ({why_not})" if k < n else "")
+        decisions.append(Decision("plan-started", f"{op.name}: {k} of {n} move(s) started{rest}; it frees "
+                                  f"{op.target_node}", {"workload": for_workload, "plan": op.id}))
+
+    def _submit(self, op: OpenPlan, decisions: list[Decision]) -> tuple[int, str]:
+        """Journal the plan's next moves, in order, until the budget defers one. Returns how many were
+        admitted and why the next one was not (\"\" when none is left)."""
+        assert self.executor is not None
+        n = 0
+        for mv in op.remaining():
+            adm = self.executor.submit([mv], reason=op.reason, plan=op.meta(), compat=op.compat)
+            if not adm.admitted:
+                why = adm.deferred[0][1] if adm.deferred else "not admitted"
+                return n, f"{mv.label()}: {why}"
+            m = adm.admitted[0]
+            op.migrations[mv.workload_id] = m.id
+            n += 1
+            decisions.append(Decision("submit", f"migration {m.id}: {m.workload_id} {m.source} -> {m.target} "
+                                      f"({op.name}, move {op.moves.index(mv) + 1} of {len(op.moves)})",
+                                      {"migration": m.id, "workload": m.workload_id, "plan": op.id}))
+        return n, ""
+
+    def _carry(self, state: ClusterState, decisions: list[Decision]) -> None:
+        """Take each started plan a step further: drop moves no longer needed, submit the next ones the
+        budget admits, and say when a plan is finished or stopped."""
+        if self.executor is None or self.dry_run:
+            return
+        for pid, op in list(self.plans.items()):
+            for mv in op.remaining():
+                w = state.workload(mv.workload_id) if mv.workload_id in state.workload_index else None
+                if w is None or not w.is_running or mv.source not in w.nodes():
+                    op.dropped.append(mv.workload_id)  # it left the source by itself: its GPUs are free anyway
+            ms = [self.executor.journal.get(mid) for mid in op.migrations.values()]
+            pend = state.workload(op.for_workload) if op.for_workload in state.workload_index else None
+            where = "" if op.for_workload is None or (pend is not None and not pend.is_running) else \
+                (f"{op.for_workload} is running on {','.join(pend.nodes())}" if pend is not None
+                 else f"{op.for_workload} is gone")
+            end = outcome(op, ms)
+            if end is None and where and all(m.terminal for m in ms):
+                made = sum(1 for m in ms if m.state in MADE)
+                end = ("finished", f"{op.name} finished: {where} after {made} of {len(op.moves)} move(s); the rest "
+                       "are not needed")
+            elif end is not None and end[0] == "finished" and where:
+                end = (end[0], f"{end[1]}; {where}")
+            if end is not None:
+                del self.plans[pid]
+                if end[0] == "finished" and op.for_workload:
+                    self._finished[op.for_workload] = self.clock()
+                decisions.append(Decision(f"plan-{end[0]}", end[1], {"workload": op.for_workload, "plan": pid}))
+                continue
+            if not op.remaining():
+                continue
+            _, why_not = self._submit(op, decisions)
+            if why_not:
+                k = len(op.migrations) + len(op.dropped)
+                decisions.append(Decision("plan-waiting", f"{op.name}: {k} of {len(op.moves)} move(s) started; "
+                                          f"next {why_not}", {"workload": op.for_workload, "plan": pid}))
+
     def _in_flight_for(self) -> set[str]:
         if self.executor is None:
             return set()
-        out = set()
+        out = {p.for_workload for p in self.plans.values() if p.for_workload}
         for m in self.executor.active():
             plan = m.data.get("plan") or {}
             if plan.get("for"):
