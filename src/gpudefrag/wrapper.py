@@ -33,10 +33,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .control.agent import JobDir, RunPhase, read_json
 from .core.compat import CompatRule
 from .errors import InputError
 from .fileio import write_json_atomic
+from .jobside.jobdir import JobDir, read_json
+from .jobside.messages import RunPhase
 
 PR_SET_CHILD_SUBREAPER = 36
 STORE_FULL = "store-full"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..job import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, META, checkpoint_signal
+from ..jobside.env import ENV_RESTORE_FROM, ENV_SIGNAL, ENV_SPOOL, META, checkpoint_signal
 from .jobfiles import check_owner, copy_tree, opened_dir, process_owner, tree_bytes
 from .protocol import (
     CHECKPOINT_FAILED,

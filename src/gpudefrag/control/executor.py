@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..engines.base import Engine, EngineError, JobPhase
-from .agent import Agent, CkptState, RunPhase, Ticket
+from ..jobside.messages import CkptState, RunPhase, Ticket
+from .agent import Agent
 from .journal import Journal, Migration
 from .journal import MigrationState as S
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 
 from ..core.model import ClusterState, Placement, Workload, WorkloadState
 from ..core.scheduler_reasons import waits_for_resources
-from .base import CkptState, CkptStatus, EngineError, JobInfo, JobPhase, NodeInfo, RunPhase, RunStatus, Ticket
+from ..jobside.messages import CkptState, CkptStatus, RunPhase, RunStatus, Ticket
+from .base import EngineError, JobInfo, JobPhase, NodeInfo
 
 FAULTS = frozenset({"checkpoint-fail", "store-full", "corrupt", "restore-fail"})
 

@@ -12,7 +12,7 @@ and 20 more GPUs' worth of free shares). The same FGD run with unlimited CPU end
 
 Greedy: the action that covers the shortfall with the fewest moves, else the one that frees the most per move
 (ties: the fewest checkpoint bytes), until the pod fits. Destinations prefer nodes with the least free GPU (CPU
-parked there strands nothing). Everything goes through `_Search`, so a relief that does not reach its goal is
+parked there strands nothing). Everything goes through `Search`, so a relief that does not reach its goal is
 undone exactly.
 """
 
@@ -28,10 +28,10 @@ from .costs import checkpoint_bytes
 from .replay import gpu_shape
 
 if TYPE_CHECKING:
-    from .repack import _Search
+    from .search import Search
 
 
-def slot_nodes(s: _Search, pod: Pod, limit: int) -> list[int]:
+def slot_nodes(s: Search, pod: Pod, limit: int) -> list[int]:
     """Nodes where the pod's GPUs fit now but its CPU or memory does not, smallest shortfall first."""
     cl = s.cl
     ok = cl.model_mask(pod.gpu_models) & ((cl.free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu)
@@ -41,11 +41,11 @@ def slot_nodes(s: _Search, pod: Pod, limit: int) -> list[int]:
     return [int(n) for n in nodes[np.argsort(short, kind="stable")][:limit]]
 
 
-def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] | None = None,
+def relieve(s: Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] | None = None,
             gib_cap: float = 0.0) -> Choice | None:
     """Place `pod` on one of the `targets` best slot nodes after moving CPU off it; None (all undone) if none
     works within the search's move limit (and, `gib_cap` > 0, writing at most that many GiB of checkpoints, the
-    cheapest actions in bytes first). May raise `_Abort` (the caller undoes)."""
+    cheapest actions in bytes first). May raise `Abort` (the caller undoes)."""
     if pod.num_gpu == 0:
         return None
     nodes = slot_nodes(s, pod, targets)
@@ -67,7 +67,7 @@ def relieve(s: _Search, pod: Pod, targets: int, movable: Callable[[Pod], bool] |
 Twins = dict[tuple[int, int, tuple[str, ...]], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 
-def twins_of(s: _Search) -> Twins:
+def twins_of(s: Search) -> Twins:
     """Placed GPU pods by GPU shape (the swap partners): ids (ascending), nodes, CPU, memory."""
     rows, shapes = s.placed.gpu_rows()
     live = rows[:, 4] == 1
@@ -84,7 +84,7 @@ def twins_of(s: _Search) -> Twins:
     return out
 
 
-def relief_potential(s: _Search, n: int, reserved: set[int], avoid: frozenset[int], twins: Twins) -> int:
+def relief_potential(s: Search, n: int, reserved: set[int], avoid: frozenset[int], twins: Twins) -> int:
     """An optimistic estimate of the CPU `make_room` could free on node n (each pod judged alone)."""
     cl = s.cl
     ok_dest = np.ones(cl.n, dtype=bool)
@@ -113,7 +113,7 @@ def relief_potential(s: _Search, n: int, reserved: set[int], avoid: frozenset[in
     return total
 
 
-def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins: Twins | None = None,
+def make_room(s: Search, n: int, cpu: int, mem: int, reserved: set[int], twins: Twins | None = None,
               avoid: frozenset[int] = frozenset(), movable: Callable[[Pod], bool] | None = None,
               by_bytes: bool = False) -> bool:
     """Move CPU and memory off node n until it has `cpu` and `mem` free. Pods on the `reserved` GPUs of n stay;
@@ -159,7 +159,7 @@ def make_room(s: _Search, n: int, cpu: int, mem: int, reserved: set[int], twins:
             twins.update(twins_of(s))
 
 
-def _bytes(s: _Search, pid: int, plan: tuple) -> float:
+def _bytes(s: Search, pid: int, plan: tuple) -> float:
     """Checkpoint bytes the action writes: the pod's, and its twin's for a swap."""
     out = 0.0
     for p in (pid, plan[1]) if plan[0] == "swap" else (pid,):
@@ -173,7 +173,7 @@ def _dest_order(cl, nodes: np.ndarray) -> np.ndarray:
     return nodes[np.lexsort((-cl.cpu_free[nodes], cl.gpu_left[nodes]))]
 
 
-def _best_action(s: _Search, pid: int, q: Pod, ch: Choice, n: int, need_cpu: int, need_mem: int,
+def _best_action(s: Search, pid: int, q: Pod, ch: Choice, n: int, need_cpu: int, need_mem: int,
                  twins: Twins, avoid: frozenset[int] = frozenset(),
                  movable: Callable[[Pod], bool] | None = None) -> tuple[int, int, int, tuple] | None:
     """The cheapest way to take pod `pid` (on node n) off n or trade it for a lighter twin:
@@ -227,7 +227,7 @@ def _covers(dc: np.ndarray, dm: np.ndarray, need_cpu: int, need_mem: int) -> np.
     return (dc >= need_cpu) & (dm >= need_mem)
 
 
-def _apply(s: _Search, pid: int, plan: tuple) -> None:
+def _apply(s: Search, pid: int, plan: tuple) -> None:
     cl = s.cl
     kind, arg = plan
     q, ch = s.placed.pods[pid]

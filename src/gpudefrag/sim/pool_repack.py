@@ -15,7 +15,7 @@ CPU is what blocks most repacks: the GPUs with the most share free are free *bec
 exhausted. So a node may go over its CPU budget by a deficit that CPU relief (`sim/cpu_relief.py`: moving
 CPU-only pods away, trading heavy pods for lighter twins elsewhere) can plausibly cover; each core of deficit
 costs a quarter move in the objective. The relief runs first; a node whose relief falls short is re-solved
-without a deficit (three tries). Everything is applied through `_Search`, so the caller's move accounting and
+without a deficit (three tries). Everything is applied through `Search`, so the caller's move accounting and
 exact undo apply.
 """
 
@@ -36,7 +36,7 @@ from .costs import GIB, checkpoint_bytes
 from .cpu_relief import make_room, relief_potential, twins_of
 
 if TYPE_CHECKING:
-    from .repack import _Search
+    from .search import Search
 
 
 def covered(dims: tuple[int, ...], failed) -> bool:
@@ -69,7 +69,7 @@ def shares_fit(sizes: tuple[int, ...], bins: int) -> bool:
     return bins_needed(list(sizes)) <= bins and shares_may_fit(dict(Counter(sizes)), bins)
 
 
-def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
+def pool_gpus(s: Search, pool: int) -> list[tuple[int, int]]:
     """Partly used GPUs with the most share free (a tie: the node with the most CPU free), one of each content
     in turn, leaving out a GPU whose single pod sits beside a piece under 200 milli (an 810-milli pod and its
     190: nothing in such a GPU can go anywhere, and late in a saturated run they would fill every pool)."""
@@ -98,7 +98,7 @@ def pool_gpus(s: _Search, pool: int) -> list[tuple[int, int]]:
     return [(int(rows[i]), int(cols[i])) for i in picked[:pool]]
 
 
-def pool_repack(s: _Search, pod: Pod, pool: int, dtime: float, movable: Callable[[Pod], bool] | None = None,
+def pool_repack(s: Search, pod: Pod, pool: int, dtime: float, movable: Callable[[Pod], bool] | None = None,
                 memo: dict | None = None, gib_cap: float = 0.0) -> Choice | None:
     """Place the one-GPU `pod` by repacking the pool's sharing pods; None (nothing changed) if CP-SAT finds no
     assignment within the move limit and `dtime` of CP-SAT's deterministic time (≈ seconds on a quiet core, the
@@ -128,7 +128,7 @@ def pool_repack(s: _Search, pod: Pod, pool: int, dtime: float, movable: Callable
     return ch
 
 
-def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], dtime: float,
+def _pool_repack(s: Search, pod: Pod, bins: list[tuple[int, int]], dtime: float,
                  movable: Callable[[Pod], bool] | None, gib_cap: float) -> Choice | None:
     cl = s.cl
     items: list[int] = []  # pids
@@ -190,7 +190,7 @@ def _pool_repack(s: _Search, pod: Pod, bins: list[tuple[int, int]], dtime: float
     return ch
 
 
-def _solve(s: _Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential: dict[int, int],
+def _solve(s: Search, bins, items, cur, pods, nodes, cpu_budget, mem_budget, potential: dict[int, int],
            no_deficit: set[int], dtime: float, gib_cap: float = 0.0) -> tuple[list[int], dict[int, int]] | None:
     """CP-SAT: every pod on one pool GPU, GPUs within 1000 milli, memory within each node's, CPU within each
     node's plus a deficit (CPU relief must free it; each core of it costs a quarter move), fewest moves; with a

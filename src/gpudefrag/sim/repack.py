@@ -51,10 +51,11 @@ import numpy as np
 from ..core.cost import CostModel
 from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod, Policy
-from .costs import GIB, checkpoint_bytes, record_move
+from .costs import GIB, record_move
 from .cpu_relief import relieve
 from .pool_repack import covered, pool_repack
 from .replay import MoveStats, Placed
+from .search import Abort, Search, attempt
 
 BIG = 1 << 30
 
@@ -62,91 +63,6 @@ BIG = 1 << 30
 def _kind(pod: Pod) -> int:
     """Ejection order for CPU: CPU-only pods (easiest to re-place), sharing pods, whole-GPU pods."""
     return 0 if pod.num_gpu == 0 else 1 if pod.is_sharing else 2
-
-
-class _Abort(Exception):
-    """The move limit of this rescue was reached."""
-
-
-def _attempt(s: _Search, step: Callable[[], Choice | None]) -> Choice | None:
-    """Run one rescue step; when it finds nothing or passes the move limit, undo all it did."""
-    try:
-        ch = step()
-        if ch is not None:
-            return ch
-    except _Abort:
-        pass
-    s.undo()
-    return None
-
-
-@dataclass
-class _Search:
-    """One rescue's tentative changes, made in place inside one statement of the capacity model
-    (core/capacity.py): the cluster's arrays and `placed` (kept beside them through `Capacity.note`) are
-    changed together and rolled back together."""
-
-    cl: Cluster
-    placed: Placed
-    policy: Policy
-    rng: np.random.Generator
-    limit: int
-    limbo: set[int] = field(default_factory=set)  # ejected pods waiting for a place (still listed in `placed`)
-    orig: dict[int, Choice] = field(default_factory=dict)  # where each touched pod started
-
-    def __post_init__(self) -> None:
-        self.cl.mark()
-
-    # ------------------------------------------------------------------ reversible primitives
-    def eject(self, pid: int) -> None:
-        pod, ch = self.placed.pods[pid]
-        cl, limbo = self.cl, self.limbo
-        if pid not in self.orig:
-            self.orig[pid] = ch
-            cl.note(lambda: self.orig.pop(pid))
-            if len(self.orig) > self.limit:
-                raise _Abort
-        cl.give(ch.node, ch.gpus, pod)
-        limbo.add(pid)
-        cl.note(lambda: limbo.discard(pid))
-
-    def put(self, pid: int, ch: Choice) -> None:
-        pod, old = self.placed.pods[pid]
-        placed, limbo = self.placed, self.limbo
-        self.cl.take(ch.node, ch.gpus, pod)
-        placed.move(pid, ch)
-        limbo.discard(pid)
-
-        def back() -> None:
-            placed.move(pid, old)
-            limbo.add(pid)
-
-        self.cl.note(back)
-
-    def put_new(self, pod: Pod, ch: Choice) -> None:
-        self.cl.take(ch.node, ch.gpus, pod)
-
-    def mark(self) -> int:
-        return self.cl.mark()
-
-    def undo(self, mark: int | None = None) -> None:
-        """Roll back to `mark`; without one, to the start, closing the statement."""
-        self.cl.rollback(mark or 0)
-        if mark is None:
-            self.cl.commit()
-
-    def moved(self) -> list[int]:
-        return [p for p, ch in self.orig.items() if self.placed.pods[p][1] != ch]
-
-    def moved_gib(self) -> float:
-        """Checkpoint GiB the search's moves would write (sim/costs.py's size model)."""
-        return sum(checkpoint_bytes(self.placed.pods[p][0], self.cl.models[self.orig[p].node])
-                   for p in self.moved()) / GIB
-
-    # ------------------------------------------------------------------ queries
-    def items(self, n: int, g: int) -> list[int]:
-        """Sharing pods on GPU g of node n (not ejected)."""
-        return [i for i in self.placed.on(n, g) if i not in self.limbo and self.placed.pods[i][0].is_sharing]
 
 
 @dataclass
@@ -204,7 +120,7 @@ class ChainRepacker:
         # and a pod of the very same shape that was priced out here would be priced out again (its cap is the same)
         known = covered(dims, self._failed.get(key, ())) or (key, dims) in self._priced
         if limit > 0 and not known:
-            s = _Search(cl, placed, policy, rng, limit)
+            s = Search(cl, placed, policy, rng, limit)
             self._priced_out = False
             stages = ((self._relieve,) if self.cpu_relief else ()) + (self._try,) + ((self._pool,) if self.pool else ())
             for stage in stages:
@@ -221,7 +137,7 @@ class ChainRepacker:
             else:
                 self._priced.add((key, dims))
         if self.check_clearable and pod.num_gpu > 1:
-            s = _Search(cl, placed, policy, rng, BIG)
+            s = Search(cl, placed, policy, rng, BIG)
             if ((self.cpu_relief and self._relieve(s, pod, priced=False) is not None)
                     or self._try(s, pod, priced=False) is not None):
                 if len(s.moved()) <= limit and self._worth_it(s, pod):
@@ -231,12 +147,12 @@ class ChainRepacker:
             s.undo()
         return None
 
-    def _relieve(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
+    def _relieve(self, s: Search, pod: Pod, priced: bool = True) -> Choice | None:
         cap = self._gib_cap(pod) if priced else 0.0
-        return _attempt(s, lambda: relieve(s, pod, self.targets, self.movable, cap))
+        return attempt(s, lambda: relieve(s, pod, self.targets, self.movable, cap))
 
-    def _pool(self, s: _Search, pod: Pod) -> Choice | None:
-        return _attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_dtime, self.movable, self._pool_memo,
+    def _pool(self, s: Search, pod: Pod) -> Choice | None:
+        return attempt(s, lambda: pool_repack(s, pod, self.pool, self.pool_dtime, self.movable, self._pool_memo,
                                                self._gib_cap(pod)))
 
     def _gib_cap(self, pod: Pod) -> float:
@@ -245,7 +161,7 @@ class ChainRepacker:
         cap = min(self.gib_per_gpu * pod.gpu_total / MILLI if self.gib_per_gpu > 0 else math.inf, self._gib_left)
         return 0.0 if cap == math.inf else cap
 
-    def _try(self, s: _Search, pod: Pod, priced: bool = True) -> Choice | None:
+    def _try(self, s: Search, pod: Pod, priced: bool = True) -> Choice | None:
         try:
             for n, gpus in self._targets(s, pod):
                 m = s.mark()
@@ -254,21 +170,21 @@ class ChainRepacker:
                     return ch
                 self._priced_out |= ch is not None
                 s.undo(m)
-        except _Abort:
+        except Abort:
             pass
         s.undo()
         return None
 
-    def _worth_it(self, s: _Search, pod: Pod) -> bool:
+    def _worth_it(self, s: Search, pod: Pod) -> bool:
         """Is placing `pod` worth the moves: within its price and what is left of the run's GiB budget."""
         cap = self._gib_cap(pod)
         return cap <= 0 or s.moved_gib() <= cap
 
     # ------------------------------------------------------------------ targets
-    def _movable(self, s: _Search, pid: int) -> bool:
+    def _movable(self, s: Search, pid: int) -> bool:
         return self.movable is None or self.movable(s.placed.pods[pid][0])
 
-    def _targets(self, s: _Search, pod: Pod) -> list[tuple[int, tuple[int, ...]]]:
+    def _targets(self, s: Search, pod: Pod) -> list[tuple[int, tuple[int, ...]]]:
         """(node, GPUs) to free for the failing pod, cheapest first."""
         cl = s.cl
         ok_node = cl.model_mask(pod.gpu_models) & (cl.gpu_count >= pod.num_gpu) & (cl.cpu_cap >= pod.cpu_milli)
@@ -295,11 +211,11 @@ class ChainRepacker:
         order = np.lexsort((node_used[nodes], short[nodes], node_cost[nodes]))
         return [(int(n), tuple(sorted(int(g) for g in sel[n]))) for n in nodes[order][: self.targets]]
 
-    def _share_targets(self, s: _Search, pod: Pod, ok_node: np.ndarray) -> list[tuple[int, tuple[int, ...]]]:
+    def _share_targets(self, s: Search, pod: Pod, ok_node: np.ndarray) -> list[tuple[int, tuple[int, ...]]]:
         """GPUs with some share free where ejecting a few pods smaller than `pod` makes room."""
         return [(n, (g,)) for n, g, _ in self._ejectable(s, pod, ok_node, pod.gpu_milli)][: self.targets]
 
-    def _ejectable(self, s: _Search, pod: Pod, ok_node: np.ndarray, size: int) -> list[tuple[int, int, list[int]]]:
+    def _ejectable(self, s: Search, pod: Pod, ok_node: np.ndarray, size: int) -> list[tuple[int, int, list[int]]]:
         """(node, GPU, pods to eject) where ejecting sharing pods smaller than `size` frees `size` on the GPU,
         cheapest (fewest pods, then least share) first; at most `scan` GPUs are examined."""
         cl = s.cl
@@ -349,7 +265,7 @@ class ChainRepacker:
         return q.gpu_milli < size or (self.swaps and q.gpu_milli == size and q.cpu_milli < pod.cpu_milli)
 
     # ------------------------------------------------------------------ one step
-    def _take(self, s: _Search, pod: Pod, n: int, gpus: tuple[int, ...], depth: int) -> Choice | None:
+    def _take(self, s: Search, pod: Pod, n: int, gpus: tuple[int, ...], depth: int) -> Choice | None:
         """Free `gpus` of node n for the (not yet placed) pod, place it, and re-place its victims."""
         cl = s.cl
         if pod.is_sharing:
@@ -398,7 +314,7 @@ class ChainRepacker:
                 return None
         return ch
 
-    def _insert(self, s: _Search, pid: int, depth: int) -> bool:
+    def _insert(self, s: Search, pid: int, depth: int) -> bool:
         """Re-place an ejected pod: where the policy puts it, else by ejecting smaller pods (a chain)."""
         pod = s.placed.pods[pid][0]
         ch = s.policy.choose(s.cl, pod, s.rng)
@@ -432,7 +348,7 @@ class ChainRepacker:
                 break
         return False
 
-    def _insert_whole(self, s: _Search, pid: int, depth: int) -> bool:
+    def _insert_whole(self, s: Search, pid: int, depth: int) -> bool:
         """A one-GPU whole pod that fits nowhere takes the GPU of a whole one-GPU pod asking for less CPU on a
         node with CPU to spare (the CPU-rich nodes have no free GPU, the free GPUs sit on CPU-poor nodes); that
         pod is re-placed in turn (a free GPU where its smaller CPU fits, or the same swap one level down)."""
@@ -466,7 +382,7 @@ class ChainRepacker:
         return False
 
     # ------------------------------------------------------------------ commit
-    def _commit(self, cl: Cluster, placed: Placed, stats: MoveStats, s: _Search) -> None:
+    def _commit(self, cl: Cluster, placed: Placed, stats: MoveStats, s: Search) -> None:
         cl.commit()
         for pid in s.moved():
             p, now = placed.pods[pid]
