@@ -24,6 +24,7 @@ if [ "$want" = all ]; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   command -v ip >/dev/null 2>&1 || need+=(iproute2)
   command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+  command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)  # checkpoint images (OCI distribution)
   [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
   scripts/install-criu.sh
   tools/kubecluster/build.sh >/dev/null  # the Kubernetes control plane (cached; ~20 min the first time)

@@ -150,8 +150,6 @@ def test_live_reader_gives_the_same_state_as_the_dump(server) -> None:  # type: 
 def test_client_api_calls(server) -> None:  # type: ignore[no-untyped-def]
     api, handler = server
     k = ClientKubeApi(api)
-    assert k.kubelet_checkpoint("gpu-node-1", "ml", "notebook-ana", "trainer") == [
-        "/var/lib/kubelet/checkpoints/checkpoint-notebook-ana_ml-trainer-1.tar"]
     assert k.read_pod("ml", "notebook-ana")["metadata"]["name"] == "notebook-ana"  # type: ignore[index]
     assert k.read_pod("ml", "nope") is None
     k.create_pod("ml", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "r"}, "spec": {"containers": []}})
@@ -161,7 +159,6 @@ def test_client_api_calls(server) -> None:  # type: ignore[no-untyped-def]
     k.delete_pod("ml", "r")
     got = [(m, p) for m, p, *_ in handler.calls]
     assert got == [
-        ("POST", "/api/v1/nodes/gpu-node-1/proxy/checkpoint/ml/notebook-ana/trainer"),
         ("GET", "/api/v1/namespaces/ml/pods/notebook-ana"),
         ("GET", "/api/v1/namespaces/ml/pods/nope"),
         ("POST", "/api/v1/namespaces/ml/pods"),
@@ -169,16 +166,9 @@ def test_client_api_calls(server) -> None:  # type: ignore[no-untyped-def]
         ("POST", "/api/v1/namespaces/ml/pods/notebook-ana/eviction"),
         ("DELETE", "/api/v1/namespaces/ml/pods/r"),
     ]
-    patch = handler.calls[4]
+    patch = handler.calls[3]
     assert patch[3] == {"metadata": {"annotations": {"a": None}}} and "merge-patch" in patch[4]
-    assert handler.calls[5][3]["kind"] == "Eviction"
-
-
-def test_checkpoint_failure_is_an_api_error(server) -> None:  # type: ignore[no-untyped-def]
-    api, _ = server
-    with pytest.raises(ApiError) as ei:
-        ClientKubeApi(api).kubelet_checkpoint("gpu-node-1", "ml", "notebook-ana", "broken")
-    assert ei.value.status == 500 and "checkpointing the container failed" in str(ei.value)
+    assert handler.calls[4][3]["kind"] == "Eviction"
 
 
 def test_pods_on_node_by_field_selector(server) -> None:  # type: ignore[no-untyped-def]

@@ -26,7 +26,7 @@ def test_controller_moves_pods_under_the_policy(tmp_path: Path) -> None:
     api = InMemoryApi(load_dump(FRAG))
     engine = KubernetesEngine(dump=FRAG, api=api)
     with Journal(tmp_path / "journal.db", clock=lambda: NOW) as journal:
-        ex = KubeMoveExecutor(engine, journal, ExecutorConfig.from_policy(policy), publish=lambda *a: None,
+        ex = KubeMoveExecutor(engine, journal, ExecutorConfig.from_policy(policy), verify_image=api.verify_image,
                               clock=lambda: NOW, sleep=lambda s: None)
         ctl = Controller(engine, policy, ex, clock=lambda: NOW)  # type: ignore[arg-type]
         first = ctl.cycle()

@@ -21,7 +21,7 @@ class Crash(BaseException):
 
 
 def _executor(api: InMemoryApi) -> Executor:
-    return Executor(api, publish=lambda *a: None, sleep=lambda s: None)
+    return Executor(api, verify_image=api.verify_image, sleep=lambda s: None)
 
 
 def test_every_operation_is_journaled_before_it_is_taken(frag_cluster: KubeCluster, tmp_path: Path) -> None:
@@ -43,13 +43,20 @@ def test_every_operation_is_journaled_before_it_is_taken(frag_cluster: KubeClust
         steps = j.steps(m.id)
     assert res.ok and m.state is MigrationState.DONE
     assert steps[1]["detail"].startswith(f"sequence {seq.move_id}")
-    details = [s["detail"].split(":")[0] for s in steps[2:-1]]
+    # after the agent's answer and the image check, their outcome is journaled too (what image, or why not)
+    outcomes = [s for s in steps[2:-1] if s["detail"].split(":")[0].endswith((" ok", " failed"))]
+    assert [s["detail"].split(":")[0] for s in outcomes] == ["wait-agent-checkpoint ok", "verify-checkpoint-image ok"]
+    assert "@sha256:" in outcomes[0]["detail"]
+    details = [s["detail"].split(":")[0] for s in steps[2:-1] if s not in outcomes]
     assert details == seq.kinds()
-    # before op k is taken, the journal already holds its step (planned, sequence, then k + 1 steps)
-    assert [n for n, _ in seen] == list(range(3, 3 + len(seq.ops)))
-    assert [s["state"] for s in steps] == ["planned", "planned", "planned", "checkpointing", "checkpointing",
-                                           "restoring", "restoring", "running-on-target", "running-on-target",
-                                           "done"]
+    # before op k is taken, the journal already holds its step (planned, sequence, then k + 1 steps, plus the
+    # outcomes recorded for the ops before it)
+    recorded = {"wait-agent-checkpoint", "verify-checkpoint-image"}
+    want = [3 + k + sum(o in recorded for o in seq.kinds()[:k]) for k in range(len(seq.ops))]
+    assert [n for n, _ in seen] == want
+    assert [s["state"] for s in steps if s not in outcomes] == [
+        "planned", "planned", "planned", "checkpointing", "checkpointing", "checkpointing", "restoring", "restoring",
+        "running-on-target", "running-on-target", "done"]
 
 
 def test_refused_move_is_aborted_in_the_journal(frag_cluster: KubeCluster, tmp_path: Path) -> None:

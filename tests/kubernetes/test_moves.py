@@ -4,6 +4,7 @@ executor against the in-memory API: no eviction ever follows a replacement that 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -18,7 +19,7 @@ from gpudefrag.engines.kubernetes import (
     build_move,
     build_moves,
 )
-from gpudefrag.engines.kubernetes.moves import DELETION_COST, HOSTNAME, MoveSequence, Op
+from gpudefrag.engines.kubernetes.moves import ANN_AGENT_REQUEST, DELETION_COST, HOSTNAME, MoveSequence, Op
 
 BARE = SimpleMove("ml/notebook-ana", "gpu-node-1", "gpu-node-3")
 RS = SimpleMove("ml/web-embed-7d9c5b6f4-abcde", "gpu-node-0", "gpu-node-3")
@@ -31,7 +32,7 @@ def run(cluster: KubeCluster, move: SimpleMove, *, fail: frozenset[str] = frozen
     assert seq.ok, seq.refused
     api = InMemoryApi(cluster, fail=fail, ready_after=ready_after)
     clock = [0.0]
-    ex = Executor(api, publish=lambda node, archive, image: None, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+    ex = Executor(api, verify_image=api.verify_image, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
                   clock=lambda: clock[0])
     return seq, api, ex.run(seq, cluster.state.workload(move.workload_id).versions)
 
@@ -39,10 +40,14 @@ def run(cluster: KubeCluster, move: SimpleMove, *, fail: frozenset[str] = frozen
 def test_bare_pod_sequence_order_and_content(frag_cluster: KubeCluster) -> None:
     seq = build_move(frag_cluster, BARE)
     assert seq.strategy == "bare-pod" and seq.checkpoint_mode == "kubelet"
-    assert seq.kinds() == ["verify-target", "checkpoint", "publish-checkpoint", "create-replacement", "wait-ready",
-                           "evict-original", "wait-deleted"]
+    assert seq.kinds() == ["verify-target", "agent-checkpoint", "wait-agent-checkpoint", "verify-checkpoint-image",
+                           "create-replacement", "wait-ready", "evict-original", "wait-deleted"]
     ops = {o.kind: o for o in seq.ops}
-    assert ops[K.CHECKPOINT].path == "/api/v1/nodes/gpu-node-1/proxy/checkpoint/ml/notebook-ana/trainer"
+    # the controller asks the node agent through the pod itself: no kubelet (nodes/proxy) path anywhere
+    assert ops[K.AGENT_CHECKPOINT].path == "/api/v1/namespaces/ml/pods/notebook-ana"
+    assert not any("/proxy/" in o.path for o in seq.ops)
+    req = json.loads(ops[K.AGENT_CHECKPOINT].body["metadata"]["annotations"][ANN_AGENT_REQUEST])  # type: ignore[index]
+    assert req == {"move_id": seq.move_id, "containers": ["trainer"]}
     assert ops[K.EVICT_ORIGINAL].path == "/api/v1/namespaces/ml/pods/notebook-ana/eviction"
     assert ops[K.EVICT_ORIGINAL].body["kind"] == "Eviction"  # type: ignore[index]
     # only the eviction commits the move; everything before it can be undone
@@ -56,7 +61,8 @@ def test_bare_pod_sequence_order_and_content(frag_cluster: KubeCluster) -> None:
     assert "nodeName" not in spec and "status" not in body
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert all({"key": HOSTNAME, "operator": "In", "values": ["gpu-node-3"]} in t["matchExpressions"] for t in terms)
-    assert spec["containers"][0]["image"].startswith("registry.local/gpudefrag/ml-notebook-ana-trainer:")
+    # the image is the checkpoint image the agent will make: set by the executor, by digest, once verified
+    assert spec["containers"][0]["image"] == "nvcr.io/nvidia/pytorch:24.05-py3"
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert meta["labels"] == {"app": "notebook"}
 
@@ -67,7 +73,7 @@ def test_move_runs_and_original_goes_last(frag_cluster: KubeCluster) -> None:
     assert ("ml", "notebook-ana") not in api.pods and ("ml", seq.replacement) in api.pods
     verbs = [(v, p) for v, p in api.calls if v != "GET"]
     assert verbs == [
-        ("POST", "/api/v1/nodes/gpu-node-1/proxy/checkpoint/ml/notebook-ana/trainer"),
+        ("PATCH", "/api/v1/namespaces/ml/pods/notebook-ana"),  # the request to the node agent
         ("POST", "/api/v1/namespaces/ml/pods"),
         ("POST", "/api/v1/namespaces/ml/pods/notebook-ana/eviction"),
     ]
@@ -105,8 +111,9 @@ def test_eviction_refused_by_pdb_rolls_back(frag_cluster: KubeCluster) -> None:
 def test_replicaset_pod_is_handed_over(frag_cluster: KubeCluster) -> None:
     seq, api, res = run(frag_cluster, RS)
     assert seq.strategy == "replicaset" and seq.pdbs == ("ml/web-embed",)
-    assert seq.kinds() == ["verify-target", "check-pdb", "checkpoint", "publish-checkpoint", "create-replacement",
-                           "wait-ready", "set-deletion-cost", "adopt-replacement", "evict-original", "wait-deleted"]
+    assert seq.kinds() == ["verify-target", "check-pdb", "agent-checkpoint", "wait-agent-checkpoint",
+                           "verify-checkpoint-image", "create-replacement", "wait-ready", "set-deletion-cost",
+                           "adopt-replacement", "evict-original", "wait-deleted"]
     body = next(o.body for o in seq.ops if o.kind is K.CREATE_REPLACEMENT)
     assert "pod-template-hash" not in body["metadata"]["labels"]  # type: ignore[index]
     assert res.ok, res.error
@@ -155,7 +162,7 @@ def test_target_changed_since_planning_stops_at_verify(frag_cluster: KubeCluster
     seq = build_move(frag_cluster, BARE)
     api = InMemoryApi(frag_cluster)
     api.nodes["gpu-node-3"]["metadata"]["labels"]["nvidia.com/cuda.driver-version.full"] = "560.28.03"
-    res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(
+    res = Executor(api, verify_image=api.verify_image, sleep=lambda s: None).run(
         seq, frag_cluster.state.workload(BARE.workload_id).versions)
     assert not res.ok and res.error.startswith("verify-target") and "driver" in res.error
     assert all(v == "GET" for v, _ in api.calls)
@@ -171,12 +178,54 @@ def test_app_hook_sequence(frag_cluster: KubeCluster) -> None:
     assert res.ok, res.error
 
 
-def test_missing_publisher_fails_safely(frag_cluster: KubeCluster) -> None:
+def test_missing_verifier_fails_safely(frag_cluster: KubeCluster) -> None:
     seq = build_move(frag_cluster, BARE)
     api = InMemoryApi(frag_cluster)
     res = Executor(api, sleep=lambda s: None).run(seq)
-    assert not res.ok and "publisher" in res.error
+    assert not res.ok and "verifier" in res.error and res.rolled_back
     assert ("POST", "/api/v1/namespaces/ml/pods") not in api.calls and ("ml", "notebook-ana") in api.pods
+    # the agent request is withdrawn
+    assert ANN_AGENT_REQUEST not in api.pods[("ml", "notebook-ana")]["metadata"]["annotations"]
+
+
+def test_replacement_restores_from_the_verified_image_by_digest(frag_cluster: KubeCluster) -> None:
+    seq, api, res = run(frag_cluster, BARE)
+    assert res.ok, res.error
+    created = [p for (ns, n), p in api.pods.items() if n == seq.replacement]
+    image = created[0]["spec"]["containers"][0]["image"]
+    assert image.startswith("registry.local/gpudefrag/checkpoints/ml-notebook-ana-trainer@sha256:")
+    assert ("ml", "notebook-ana") not in api.pods
+
+
+@pytest.mark.parametrize("fault", ["checkpoint", "image"])
+def test_agent_failure_or_untrusted_image_leaves_the_original(frag_cluster: KubeCluster, fault: str) -> None:
+    seq, api, res = run(frag_cluster, BARE, fail=frozenset({fault}))
+    assert not res.ok and res.rolled_back
+    assert res.error.startswith("wait-agent-checkpoint" if fault == "checkpoint" else "verify-checkpoint-image")
+    assert ("ml", "notebook-ana") in api.pods and ("ml", seq.replacement) not in api.pods
+    assert ("POST", "/api/v1/namespaces/ml/pods") not in api.calls
+
+
+@pytest.mark.parametrize(("policy", "ok"), [("refuse", False), ("cold-start", True)])
+def test_incompatible_image_goes_the_policy_way(frag_cluster: KubeCluster, policy: str, ok: bool) -> None:
+    """The image records driver 550.54.15; by the time it is checked the target reports another driver. The
+    target check before the checkpoint passed (it ran on the planned labels); the image's own record decides."""
+    seq = build_move(frag_cluster, BARE, MoveOptions(on_incompatible=policy))
+    api = InMemoryApi(frag_cluster)
+    ex = Executor(api, verify_image=api.verify_image, sleep=lambda s: None)
+    real = api.verify_image
+    api.verify_image = lambda ref: dataclasses.replace(real(ref), driver="999.1.1")  # type: ignore[method-assign]
+    ex.verify_image = api.verify_image
+    res = ex.run(seq)
+    assert res.ok is ok, res.error
+    step = next(s for s in res.steps if s.op == "verify-checkpoint-image")
+    assert "driver" in step.detail
+    if ok:
+        repl = next(p for (_, n), p in api.pods.items() if n == seq.replacement)
+        assert repl["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/pytorch:24.05-py3"  # fresh, from its own image
+        assert repl["metadata"]["annotations"]["gpudefrag.io/restore-from"] == "cold-start"
+    else:
+        assert "policy: refuse" in res.error and ("ml", "notebook-ana") in api.pods
 
 
 def test_policy_budget_refuses_moves_beyond_it(frag_cluster: KubeCluster) -> None:
@@ -196,7 +245,7 @@ def test_target_without_room_now_stops_at_verify(frag_cluster: KubeCluster) -> N
     api = InMemoryApi(frag_cluster)
     intruder = dict(api.pods[("ml", "batch-infer-2")], metadata={"name": "intruder", "namespace": "ml"})
     api.pods[("ml", "intruder")] = intruder  # 2 more GPUs on gpu-node-3: 1 left
-    res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(seq)
+    res = Executor(api, verify_image=api.verify_image, sleep=lambda s: None).run(seq)
     assert not res.ok and "1 free GPU(s) now; the pod needs 2" in res.error
     assert all(v == "GET" for v, _ in api.calls)
 
@@ -257,7 +306,7 @@ def test_original_changed_since_planning_stops_at_verify(frag_cluster: KubeClust
         pod["spec"]["nodeName"] = "gpu-node-2"
     else:
         del api.pods[("ml", "notebook-ana")]
-    res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(seq)
+    res = Executor(api, verify_image=api.verify_image, sleep=lambda s: None).run(seq)
     assert not res.ok and res.error.startswith("verify-target") and "notebook-ana" in res.error, res.error
     assert all(v == "GET" for v, _ in api.calls)
 
@@ -271,7 +320,7 @@ def test_eviction_names_the_planned_uid(frag_cluster: KubeCluster) -> None:
     assert uid and evict.body["deleteOptions"] == {"preconditions": {"uid": uid}}  # type: ignore[index]
     api = InMemoryApi(frag_cluster)
     api.pods[("ml", "notebook-ana")]["metadata"]["uid"] = "uid-of-a-namesake"
-    res = Executor(api, publish=lambda *a: None, sleep=lambda s: None).run(
+    res = Executor(api, verify_image=api.verify_image, sleep=lambda s: None).run(
         dataclasses.replace(seq, ops=tuple(o for o in seq.ops if o.kind is not K.VERIFY_TARGET)))
     assert not res.ok and res.error.startswith("evict-original") and res.rolled_back, res.error
     assert ("ml", "notebook-ana") in api.pods
@@ -295,7 +344,7 @@ def test_replacement_ready_on_a_node_that_is_not_never_commits(frag_cluster: Kub
                 if c["type"] == "Ready":
                     c["status"] = "False"
 
-    ex = Executor(api, publish=lambda *a: None, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+    ex = Executor(api, verify_image=api.verify_image, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
                   clock=lambda: clock[0], before=before)
     res = ex.run(seq, frag_cluster.state.workload(BARE.workload_id).versions)
     assert not res.ok and not res.committed and res.rolled_back, res.as_dict()

@@ -27,12 +27,15 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(b"gpudefrag-key-id\0" + key).hexdigest()[:16]
 
 
-def load_key(path: Path | str = DEFAULT_KEY_PATH, *, create: bool = False) -> bytes:
+def load_key(path: Path | str = DEFAULT_KEY_PATH, *, create: bool = False, group_read_ok: bool = False) -> bytes:
     """Read the key (hex text). Missing: CheckpointError(`missing-key`), or created 0600 when `create` is set
     (only the writers: `checkpoint` and `keys init`).
 
     Refused (reason `insecure-key`) when the file is not a regular file, is readable or writable by group or
     others, or is owned by someone other than root (or the current user, for unprivileged test runs).
+    `group_read_ok`: also accept group read (never write) when the group is one this process is in — a
+    Kubernetes Secret volume under the pod's fsGroup is 0440 root:<fsGroup>, a group only that pod's processes
+    hold (the in-cluster controller's key).
     """
     p = Path(path)
     try:
@@ -48,7 +51,8 @@ def load_key(path: Path | str = DEFAULT_KEY_PATH, *, create: bool = False) -> by
             raise CheckpointError(INSECURE_KEY, "key file is a symbolic link", path=str(p)) from None
         raise CheckpointError(INSECURE_KEY, f"cannot open key file: {e.strerror}", path=str(p)) from None
     try:
-        _check_mode(p, os.fstat(fd))  # before fdopen, which refuses a folder with its own, nameless error
+        # before fdopen, which refuses a folder with its own, nameless error
+        _check_mode(p, os.fstat(fd), group_read_ok)
         raw = os.read(fd, 4096)
     except OSError as e:
         raise CheckpointError(INSECURE_KEY, f"cannot read key file: {e.strerror}", path=str(p)) from None
@@ -57,10 +61,11 @@ def load_key(path: Path | str = DEFAULT_KEY_PATH, *, create: bool = False) -> by
     return _parse(p, raw)
 
 
-def _check_mode(p: Path, st: os.stat_result) -> None:
+def _check_mode(p: Path, st: os.stat_result, group_read_ok: bool = False) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise CheckpointError(INSECURE_KEY, "key is not a regular file", path=str(p))
-    if st.st_mode & 0o077:
+    mine = st.st_gid == os.getegid() or st.st_gid in os.getgroups()
+    if st.st_mode & (0o037 if group_read_ok and mine else 0o077):
         raise CheckpointError(
             INSECURE_KEY, f"key file mode is {stat.S_IMODE(st.st_mode):04o}; it must be 0600 (only its owner "
             f"may read it): chmod 600 {p}", path=str(p))

@@ -47,6 +47,10 @@ def controller(
                                  help="Shared directory the job wrappers use"),
     store: Path = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="Checkpoint store root"),
     key: Path = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="Store signing key"),
+    registry: str = typer.Option(None, "--registry", envvar="GPUDEFRAG_REGISTRY",
+                                 help="--engine kubernetes: the registry the node agents push checkpoint images "
+                                 "to (http(s)://host:port); each image is checked there, by digest and signature "
+                                 "with --key, before a replacement restores from it"),
     snapshot: Path = typer.Option(None, "--snapshot", help="--engine sim: the cluster to simulate"),
     costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
     request_file: Path = typer.Option(None, "--request-file",
@@ -103,9 +107,23 @@ def controller(
         from ..policy.options import compat_rule
 
         cfg = ExecutorConfig.from_policy(pol)
-        # the move-time compatibility check applies the policy's rule, the one the planner used
-        opts = MoveOptions(ready_timeout_s=cfg.restore_timeout_s, compat=compat_rule(pol))
-        executor = KubeMoveExecutor(eng, kj, cfg, options=opts, log=log)  # type: ignore[arg-type]
+        # the move-time compatibility check applies the policy's rule, the one the planner used; an image the
+        # target cannot restore is refused, or started cold when the policy says `fallback: evict`
+        opts = MoveOptions(ready_timeout_s=cfg.restore_timeout_s, compat=compat_rule(pol),
+                           checkpoint_timeout_s=cfg.checkpoint_timeout_s,
+                           on_incompatible="cold-start" if pol.action.fallback == "evict" else "refuse")
+        verify = None
+        if registry is not None:
+            from ..checkpoint.keys import load_key
+            from ..checkpoint.oci_registry import Registry, image_verifier
+            from ..checkpoint.store import default_key_path
+
+            if not registry.startswith(("http://", "https://")):
+                raise fail(f"--registry must be http(s)://host:port, not {registry!r}")
+            # the key from a Secret volume is 0440 root:<fsGroup> in the controller's pod
+            verify = image_verifier(Registry(registry), load_key(key or default_key_path(), group_read_ok=True))
+        executor = KubeMoveExecutor(eng, kj, cfg, options=opts, verify_image=verify,  # type: ignore[arg-type]
+                                    log=log)
         if executor.active():
             log(f"resuming {len(executor.active())} migration(s) from {kj.path}")
     elif not dry_run:

@@ -172,7 +172,7 @@ def kube_plan(
     results = []
     if dry_run and all(s.ok for s in seqs):
         api = InMemoryApi(cluster)
-        ex = Executor(api, publish=lambda node, archive, image: None, sleep=lambda s: None)
+        ex = Executor(api, verify_image=api.verify_image, compat=inputs.compat, sleep=lambda s: None)
         results = [ex.run(s, state.workload(s.workload_id).versions) for s in seqs]
     if json_out:
         emit_json({"source": src, "plan": plan_doc, "decision": decision_doc, "moves": [s.as_dict() for s in seqs],

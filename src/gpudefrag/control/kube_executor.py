@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engines.kubernetes.engine import KubernetesEngine
-from ..engines.kubernetes.executor import Executor, Publisher
+from ..engines.kubernetes.executor import Executor, ImageVerifier
 from ..engines.kubernetes.moves import MoveOptions, SimpleMove, build_move
 from .executor import BudgetedExecutor, ExecutorConfig, MoveLike
 from .journal import Journal, Migration, MigrationState
@@ -23,13 +23,14 @@ from .kube_journaled import ENGINE, JournaledMoves
 
 class KubeMoveExecutor(BudgetedExecutor):
     def __init__(self, engine: KubernetesEngine, journal: Journal, config: ExecutorConfig | None = None, *,
-                 options: MoveOptions | None = None, publish: Publisher | None = None,
+                 options: MoveOptions | None = None, verify_image: ImageVerifier | None = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  log: Callable[[str], None] | None = None) -> None:
         super().__init__(journal, config, clock=clock, log=log)
         self.engine = engine
         self.options = options or MoveOptions(ready_timeout_s=self.config.restore_timeout_s)
-        self.moves = JournaledMoves(Executor(engine.api, publish=publish, compat=self.options.compat, sleep=sleep),
+        self.moves = JournaledMoves(Executor(engine.api, verify_image=verify_image, compat=self.options.compat,
+                                             sleep=sleep),
                                     journal)
         self._recovered = False
 

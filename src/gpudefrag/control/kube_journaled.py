@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engines.kubernetes.executor import Executor, MoveResult
+from ..engines.kubernetes.executor import Executor, MoveResult, StepResult
 from ..engines.kubernetes.moves import MoveSequence, Op, OpKind
 from .journal import Journal, Migration, MigrationState
 
 S = MigrationState
 _STATE = {
     OpKind.VERIFY_TARGET: S.PLANNED, OpKind.CHECK_PDB: S.PLANNED,
-    OpKind.CHECKPOINT: S.CHECKPOINTING, OpKind.PUBLISH_CHECKPOINT: S.CHECKPOINTING,
+    OpKind.AGENT_CHECKPOINT: S.CHECKPOINTING, OpKind.WAIT_AGENT_CHECKPOINT: S.CHECKPOINTING,
+    OpKind.VERIFY_IMAGE: S.CHECKPOINTING,
     OpKind.REQUEST_APP_CHECKPOINT: S.CHECKPOINTING, OpKind.SIGNAL: S.CHECKPOINTING,
     OpKind.WAIT_APP_CHECKPOINT: S.CHECKPOINTING,
     OpKind.CREATE_REPLACEMENT: S.RESTORING, OpKind.WAIT_READY: S.RESTORING,
@@ -24,6 +25,8 @@ _STATE = {
     OpKind.EVICT_ORIGINAL: S.RUNNING_ON_TARGET, OpKind.WAIT_DELETED: S.RUNNING_ON_TARGET,
 }
 ENGINE = "kubernetes"
+_RECORDED = {OpKind.WAIT_AGENT_CHECKPOINT.value, OpKind.VERIFY_IMAGE.value}
+_KINDS = {k.value for k in OpKind}
 
 
 class JournaledMoves:
@@ -48,12 +51,19 @@ class JournaledMoves:
             self.journal.transition(m.id, _STATE[op.kind], detail=f"{op.kind.value}: {op.detail}",
                                     data={"op": i, "committing": committing[0]})
 
-        old = self.executor.before
-        self.executor.before = before
+        def after(_: MoveSequence, step: StepResult) -> None:
+            # what the agent made and what the image check decided (a cold start, a refused image) are facts
+            # the journal must keep, beside the step that was about to be taken
+            if step.op in _RECORDED or not step.ok:
+                st = _STATE.get(OpKind(step.op), S.PLANNED) if step.op in _KINDS else S.ROLLING_BACK
+                self.journal.transition(m.id, st, detail=f"{step.op} {'ok' if step.ok else 'failed'}: {step.detail}")
+
+        old, old_after = self.executor.before, self.executor.on_step
+        self.executor.before, self.executor.on_step = before, after
         try:
             res = self.executor.run(seq, versions)
         finally:
-            self.executor.before = old
+            self.executor.before, self.executor.on_step = old, old_after
         return self._close(m.id, res), res
 
     def _close(self, mid: int, res: MoveResult) -> Migration:

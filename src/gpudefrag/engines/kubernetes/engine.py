@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.model import ClusterState
 from ..base import EngineError, JobInfo, JobPhase, NodeInfo
 from .convert import KubeCluster
-from .executor import ApiError, ClientKubeApi, Executor, KubeApi, MoveResult, Publisher, is_ready
+from .executor import ApiError, ClientKubeApi, Executor, ImageVerifier, KubeApi, MoveResult, is_ready
 from .load import load_dump
 from .moves import HOSTNAME, MoveLike, MoveOptions, build_move
 
@@ -169,9 +169,10 @@ class KubernetesEngine:
                 raise EngineError(f"signal {job_id}/{c}: {e}") from None
 
     def move(self, move: MoveLike, options: MoveOptions | None = None, *,
-             publish: Publisher | None = None) -> MoveResult:
+             verify_image: ImageVerifier | None = None) -> MoveResult:
         """Build the move's sequence from a fresh observation and run it."""
         cluster = self.last or self.cluster()
         seq = build_move(cluster, move, options)
         versions = cluster.state.workload(move.workload_id).versions if seq.ok else None
-        return Executor(self.api, publish=publish, compat=(options or MoveOptions()).compat).run(seq, versions)
+        ex = Executor(self.api, verify_image=verify_image, compat=(options or MoveOptions()).compat)
+        return ex.run(seq, versions)

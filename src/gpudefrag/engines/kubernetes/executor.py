@@ -9,6 +9,7 @@ replacement that failed. After it, the executor only finishes (waits for the ori
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,10 +18,20 @@ from typing import Any, Protocol, TypeVar
 import urllib3
 
 from ...core.compat import CompatRule, describe
+from ...core.model import Versions
 from .access import At
 from .convert import GPU, _node, _pdb, _resources
 from .dra import DraInventory
-from .moves import ANN_CKPT_DONE, ANN_MOVE_ID, MoveSequence, Op, OpKind, pdb_after_replacement
+from .moves import (
+    ANN_AGENT_RESULT,
+    ANN_CKPT_DONE,
+    ANN_MOVE_ID,
+    ANN_RESTORE_FROM,
+    MoveSequence,
+    Op,
+    OpKind,
+    pdb_after_replacement,
+)
 
 
 class ApiError(Exception):
@@ -41,12 +52,14 @@ class KubeApi(Protocol):
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
     def evict_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
     def delete_pod(self, namespace: str, name: str) -> None: ...
-    def kubelet_checkpoint(self, node: str, namespace: str, pod: str, container: str) -> list[str]: ...
     def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None: ...
 
 
 _T = TypeVar("_T")
-Publisher = Callable[[str, str, str], None]  # (node, archive path on that node, image) -> None
+# A checkpoint image reference (`host/repo@sha256:...`) -> the compatibility record its signed manifest carries.
+# Raises (any exception, its message is the reason) when the image cannot be trusted: not found, not the digest,
+# not signed with the store's key. Built from gpudefrag.checkpoint by the controller (a lower layer may not).
+ImageVerifier = Callable[[str], Versions]
 
 
 @dataclass
@@ -86,7 +99,7 @@ def is_ready(obj: dict[str, Any]) -> bool:
 
 
 class Executor:
-    def __init__(self, api: KubeApi, *, publish: Publisher | None = None, compat: CompatRule | None = None,
+    def __init__(self, api: KubeApi, *, verify_image: ImageVerifier | None = None, compat: CompatRule | None = None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
                  poll_s: float = 2.0, on_step: Callable[[MoveSequence, StepResult], None] | None = None,
                  before: Callable[[MoveSequence, int, Op], None] | None = None,
@@ -95,7 +108,7 @@ class Executor:
         self.unreachable_s = unreachable_s  # how long an operation waits for an API server it cannot connect to
         self.evict_retry_s = evict_retry_s  # how long a PDB's 429 is retried before it counts as a refusal
         self.api = api
-        self.publish = publish
+        self.verify_image = verify_image
         self.compat = compat
         self.sleep = sleep
         self.clock = clock
@@ -124,20 +137,20 @@ class Executor:
         return res
 
     def _run(self, seq: MoveSequence, res: MoveResult, versions: Any, start: int, *, recovering: bool) -> MoveResult:
-        archives: dict[str, str] = {}
+        ctx: dict[str, Any] = {"images": {}, "cold_start": ""}  # what the agent made; why a restore was refused
         created = recovering
         for i, op in enumerate(seq.ops[start:], start):
             if self.before:
                 self.before(seq, i, op)
             try:
-                detail = self._patient(lambda op=op: self._do(op, archives, versions, recovering))
+                detail = self._patient(lambda op=op: self._do(op, ctx, versions, recovering))
             except (StepFailed, ApiError) as e:
                 self._record(seq, res, StepResult(op.kind.value, False, str(e)))
                 res.error = f"{op.kind.value}: {e}"
                 if not res.committed and (created or op.mutating):
                     self._rollback(seq, res)
                 return res
-            if op.kind is OpKind.CREATE_REPLACEMENT:
+            if op.kind is OpKind.CREATE_REPLACEMENT or op.mutating:  # something to undo from here on
                 created = True
             if op.irreversible:
                 res.committed = True
@@ -211,7 +224,7 @@ class Executor:
             used += int(res.get(GPU, 0))
         return used
 
-    def _do(self, op: Op, archives: dict[str, str], versions: Any, recovering: bool = False) -> str:
+    def _do(self, op: Op, ctx: dict[str, Any], versions: Any, recovering: bool = False) -> str:
         p, api = op.params, self.api
         k = op.kind
         if k is OpKind.VERIFY_TARGET:
@@ -244,18 +257,12 @@ class Executor:
             if allowed < 1:
                 raise StepFailed(why)
             return f"{pdb.key}: {allowed} disruption(s) allowed once the replacement is Ready"
-        if k is OpKind.CHECKPOINT:
-            paths = api.kubelet_checkpoint(p["node"], p["namespace"], p["pod"], p["container"])
-            if not paths:
-                raise StepFailed("the kubelet returned no checkpoint archive")
-            archives[p["container"]] = paths[0]
-            return paths[0]
-        if k is OpKind.PUBLISH_CHECKPOINT:
-            if self.publish is None:
-                raise StepFailed("no checkpoint publisher configured (archive → image); nothing was changed")
-            self.publish(p["node"], archives[p["container"]], p["image"])
-            return p["image"]
-        if k in (OpKind.REQUEST_APP_CHECKPOINT, OpKind.SET_DELETION_COST, OpKind.ADOPT_REPLACEMENT):
+        if k is OpKind.WAIT_AGENT_CHECKPOINT:
+            return self._wait_agent(p, ctx)
+        if k is OpKind.VERIFY_IMAGE:
+            return self._verify_images(p, ctx)
+        if k in (OpKind.AGENT_CHECKPOINT, OpKind.REQUEST_APP_CHECKPOINT, OpKind.SET_DELETION_COST,
+                 OpKind.ADOPT_REPLACEMENT):
             api.patch_pod(p["namespace"], p["pod"], dict(op.body or {}))
             return op.detail
         if k is OpKind.SIGNAL:
@@ -270,8 +277,9 @@ class Executor:
             self._wait(f"the application's checkpoint of {p['pod']}", p["timeout_s"], done)
             return "checkpoint written"
         if k is OpKind.CREATE_REPLACEMENT:
+            body = self._restoring(op.body or {}, ctx) if ctx["images"] or ctx["cold_start"] else dict(op.body or {})
             try:
-                api.create_pod(p["namespace"], dict(op.body or {}))
+                api.create_pod(p["namespace"], body)
             except ApiError as e:
                 # 409: a pod of that name exists — ours (a create whose answer was lost, a resumed move) or not
                 existing = api.read_pod(p["namespace"], p["pod"]) if e.status == 409 else None
@@ -335,6 +343,80 @@ class Executor:
             return f"{p['pod']} gone"
         raise StepFailed(f"unknown operation {k}")
 
+    def _wait_agent(self, p: Any, ctx: dict[str, Any]) -> str:
+        """Wait for the node agent's answer to this move's request; its error, or a missing container, fails
+        the step (the original never stopped: a kubelet checkpoint leaves it running)."""
+        api = self.api
+        got: dict[str, Any] = {}
+
+        def answered() -> bool:
+            pod = api.read_pod(p["namespace"], p["pod"])
+            if pod is None:
+                raise StepFailed("the original pod vanished while checkpointing")
+            raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_AGENT_RESULT)
+            if not raw:
+                return False
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                raise StepFailed(f"the agent's answer ({ANN_AGENT_RESULT}) is not JSON") from None
+            if not isinstance(doc, dict) or doc.get("move_id") != p["move_id"]:
+                return False  # an answer to another (older) request
+            got.update(doc)
+            return True
+
+        self._wait(f"the node agent's checkpoint of {p['pod']}", p["timeout_s"], answered)
+        if got.get("error"):
+            raise StepFailed(f"node agent: {got['error']}")
+        images = got.get("images")
+        if not isinstance(images, dict) or sorted(images) != sorted(p["containers"]):
+            raise StepFailed(f"node agent answered images for {sorted(images or {})}, not {sorted(p['containers'])}")
+        ctx["images"] = {str(c): str(ref) for c, ref in images.items()}
+        return ", ".join(f"{c}: {ref}" for c, ref in sorted(ctx["images"].items()))
+
+    def _verify_images(self, p: Any, ctx: dict[str, Any]) -> str:
+        """Trust each checkpoint image only by digest and signature (the verifier), then compare its
+        compatibility record with the target node's labels by the one rule. A mismatch refuses the move, or
+        (policy `fallback: evict`) turns it into a cold start, with the reason."""
+        if self.verify_image is None:
+            raise StepFailed("no checkpoint image verifier configured (registry + store key); nothing was changed")
+        raw = self.api.read_node(p["node"])
+        node = _node(At(raw, "cluster", f"node {p['node']}"), DraInventory())
+        bad: list[str] = []
+        for c, ref in sorted(ctx["images"].items()):
+            try:
+                record = self.verify_image(ref)
+            except Exception as e:  # the verifier's reason, whatever layer raised it
+                raise StepFailed(f"checkpoint image of {c} ({ref}) refused: {e}") from None
+            bad += [f"{c}: {m}" for m in describe(record, node, self.compat)]
+        if not bad:
+            return f"{len(ctx['images'])} image(s) signed and compatible with {node.name}"
+        why = "incompatible: " + "; ".join(bad)
+        if p.get("on_incompatible") != "cold-start":
+            raise StepFailed(why + " (policy: refuse)")
+        ctx["images"] = {}
+        ctx["cold_start"] = why
+        return f"cold start (policy fallback: evict): {why}"
+
+    @staticmethod
+    def _restoring(body: Any, ctx: dict[str, Any]) -> dict[str, Any]:
+        """The replacement with each container's image set to its verified checkpoint image (by digest), or,
+        for a cold start, left as the pod's own image and marked so."""
+        import copy
+
+        out = copy.deepcopy(dict(body))
+        ann = out.setdefault("metadata", {}).setdefault("annotations", {})
+        if ctx["cold_start"]:
+            ann[ANN_RESTORE_FROM] = "cold-start"
+            return out
+        for c in (out.get("spec") or {}).get("containers") or []:
+            ref = ctx["images"].get(c.get("name"))
+            if ref is None:
+                raise StepFailed(f"no checkpoint image for container {c.get('name')!r}")
+            c["image"] = ref
+            c["imagePullPolicy"] = "IfNotPresent"
+        return out
+
 
 class ClientKubeApi:
     """`KubeApi` with the official client, verified against a real control plane (tests/kubernetes/real)."""
@@ -391,28 +473,6 @@ class ClientKubeApi:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self._call(lambda: self.core.delete_namespaced_pod(name, namespace))
-
-    def kubelet_checkpoint(self, node: str, namespace: str, pod: str, container: str) -> list[str]:
-        """POST /api/v1/nodes/{node}/proxy/checkpoint/{ns}/{pod}/{container}: the kubelet's checkpoint API through
-        the API server's node proxy (the path is sent as is: a `path` parameter would be percent-encoded)."""
-        import json
-
-        path = f"/api/v1/nodes/{node}/proxy/checkpoint/{namespace}/{pod}/{container}"
-
-        req = self.api.param_serialize("POST", path, header_params={"Accept": "application/json"},
-                                       auth_settings=["BearerToken"])
-        try:
-            resp = self.api.call_api(*req)
-            resp.read()
-        except Exception as e:  # connection errors
-            raise ApiError(0, str(e)) from None
-        if not 200 <= resp.status <= 299:
-            raise ApiError(resp.status, (resp.data or b"").decode("utf-8", "replace")[:200])
-        try:
-            out = json.loads(resp.data or b"{}")
-        except ValueError:
-            raise ApiError(resp.status, "the kubelet's answer is not JSON") from None
-        return [str(x) for x in (out or {}).get("items", [])]
 
     def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None:
         from kubernetes.stream import stream

@@ -3,7 +3,9 @@
 No API server can run on the machines this is built on, so the executor is exercised against this model of the
 server-side behaviour it relies on: pods start Pending and turn Ready after a few reads; the Eviction API refuses
 (429) what a PodDisruptionBudget forbids; a ReplicaSet adopts an orphan pod whose labels match it and removes
-its surplus pod of lowest `pod-deletion-cost`; the application hook answers a signal by writing its annotation.
+its surplus pod of lowest `pod-deletion-cost`; the application hook answers a signal by writing its annotation;
+the node agent answers a checkpoint request with a checkpoint image per container, and `verify_image` vouches for
+the images it made (carrying the workload's compatibility record).
 Faults are injected by name (`fail`), so the tests can prove that no original is ever deleted when the
 replacement fails. Every call is logged in `calls` as (verb, path).
 """
@@ -11,16 +13,19 @@ replacement fails. Every call is logged in `calls` as (verb, path).
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 from typing import Any
 
+from ...core.model import Versions
 from .convert import KubeCluster
 from .executor import ApiError, is_ready
-from .moves import ANN_CKPT_DONE, ANN_CKPT_REQUEST, DELETION_COST
+from .moves import ANN_AGENT_REQUEST, ANN_AGENT_RESULT, ANN_CKPT_DONE, ANN_CKPT_REQUEST, DELETION_COST
 
 
 class InMemoryApi:
-    FAULTS = ("checkpoint", "create", "ready", "evict", "signal", "adopt")
+    FAULTS = ("checkpoint", "image", "create", "ready", "evict", "signal", "adopt")
 
     def __init__(self, cluster: KubeCluster, *, ready_after: int = 2, fail: frozenset[str] = frozenset()) -> None:
         unknown = set(fail) - set(self.FAULTS)
@@ -38,6 +43,10 @@ class InMemoryApi:
         self.calls: list[tuple[str, str]] = []
         self._reads: dict[tuple[str, str], int] = {}
         self._uid = itertools.count(1)
+        state = cluster.state
+        self._versions = {(i.namespace, i.name): state.workload(i.workload_id).versions
+                          for i in cluster.pods.values() if not i.synthetic and i.workload_id in state.workload_index}
+        self._images: dict[str, Versions] = {}
 
     # ------------------------------------------------------------------ helpers
     def _log(self, verb: str, path: str) -> None:
@@ -119,11 +128,33 @@ class InMemoryApi:
                     d.pop(k, None)
                 else:
                     d[k] = v
+        req = ((patch.get("metadata") or {}).get("annotations") or {}).get(ANN_AGENT_REQUEST)
+        if req:
+            meta["annotations"][ANN_AGENT_RESULT] = self._agent(namespace, name, json.loads(req))
         if "pod-template-hash" in ((patch.get("metadata") or {}).get("labels") or {}):
             if "adopt" in self.fail:
                 raise ApiError(500, "adoption failed")
             self._adopt(namespace, name)
         return copy.deepcopy(pod)
+
+    def _agent(self, namespace: str, name: str, req: dict[str, Any]) -> str:
+        """The node agent's answer: an image per container, or the kubelet's failure."""
+        if "checkpoint" in self.fail:
+            return json.dumps({"move_id": req["move_id"], "error": "checkpointing the container failed: CRIU not "
+                               "available"})
+        images = {}
+        for c in req["containers"]:
+            digest = hashlib.sha256(f"{namespace}/{name}/{c}/{req['move_id']}".encode()).hexdigest()
+            ref = f"registry.local/gpudefrag/checkpoints/{namespace}-{name}-{c}@sha256:{digest}"
+            self._images[ref] = self._versions.get((namespace, name), Versions())
+            images[c] = ref
+        return json.dumps({"move_id": req["move_id"], "images": images})
+
+    def verify_image(self, ref: str) -> Versions:
+        """The compatibility record of an image the agent made here (the executor's `verify_image`)."""
+        if "image" in self.fail or ref not in self._images:
+            raise ValueError(f"bad-signature: {ref} is not signed with the store's key")
+        return self._images[ref]
 
     def _adopt(self, namespace: str, name: str) -> None:
         """The ReplicaSet controller: adopt the orphan, then remove its surplus pod of lowest deletion cost."""
@@ -169,14 +200,6 @@ class InMemoryApi:
         self._log("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
         if self.pods.pop((namespace, name), None) is None:
             raise ApiError(404, f'pods "{name}" not found')
-
-    def kubelet_checkpoint(self, node: str, namespace: str, pod: str, container: str) -> list[str]:
-        self._log("POST", f"/api/v1/nodes/{node}/proxy/checkpoint/{namespace}/{pod}/{container}")
-        if "checkpoint" in self.fail:
-            raise ApiError(500, "checkpointing the container failed: CRIU not available")
-        if (namespace, pod) not in self.pods:
-            raise ApiError(404, f'pods "{pod}" not found')
-        return [f"/var/lib/kubelet/checkpoints/checkpoint-{pod}_{namespace}-{container}-2026-03-01T10:00:00Z.tar"]
 
     def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None:
         self._log("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/exec")

@@ -1,9 +1,11 @@
 """A move as a list of Kubernetes API operations, built before anything is touched.
 
 For a pod on node A that should run on node B: check the target node's compatibility labels and the PDBs,
-checkpoint (the kubelet checkpoint API through the API server's node proxy, or the application's own hook:
-an annotation and a signal), create a replacement pinned to B by node affinity that restores from the
-checkpoint, wait until it is Ready, and only then remove the original — through the Eviction API, so the API
+checkpoint (through the node agent on A — an annotation the agent answers with a signed, digest-pinned OCI
+checkpoint image; the controller itself never reaches a kubelet — or through the application's own hook: an
+annotation and a signal), check the image's signature and compatibility record against B, create a replacement
+pinned to B by node affinity that restores from the checkpoint, wait until it is Ready, and only then remove
+the original — through the Eviction API, so the API
 server itself enforces the PodDisruptionBudgets. Until that point a failure deletes the replacement and leaves
 the original running; nothing after the point of no return is ever rolled back.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -34,6 +37,10 @@ ANN_RESTORE_FROM = "gpudefrag.io/restore-from"
 ANN_CKPT_REQUEST = "gpudefrag.io/checkpoint-request"
 ANN_CKPT_DEST = "gpudefrag.io/checkpoint-dest"
 ANN_CKPT_DONE = "gpudefrag.io/checkpoint-done"
+# the node agent protocol (gpudefrag.control.node_agent): the controller writes the request on the pod, the
+# agent on the pod's node answers on the same pod (both JSON, keyed by the move id)
+ANN_AGENT_REQUEST = "gpudefrag.io/agent-checkpoint"
+ANN_AGENT_RESULT = "gpudefrag.io/agent-checkpoint-result"
 ANN_CKPT_MODE = "gpudefrag.io/checkpoint"  # on a pod: "app" or "kubelet" chooses how it is checkpointed
 # on a pod: "recreate" = stateless (e.g. an inference replica): moved without a checkpoint, the replacement starts
 # fresh from the pod's own image. Only the pod's owner can opt in; no option turns it on for other pods.
@@ -47,8 +54,9 @@ _STRIP_META = ("uid", "resourceVersion", "creationTimestamp", "managedFields", "
 class OpKind(StrEnum):
     VERIFY_TARGET = "verify-target"
     CHECK_PDB = "check-pdb"
-    CHECKPOINT = "checkpoint"
-    PUBLISH_CHECKPOINT = "publish-checkpoint"
+    AGENT_CHECKPOINT = "agent-checkpoint"
+    WAIT_AGENT_CHECKPOINT = "wait-agent-checkpoint"
+    VERIFY_IMAGE = "verify-checkpoint-image"
     REQUEST_APP_CHECKPOINT = "request-app-checkpoint"
     SIGNAL = "signal"
     WAIT_APP_CHECKPOINT = "wait-app-checkpoint"
@@ -60,11 +68,12 @@ class OpKind(StrEnum):
     WAIT_DELETED = "wait-deleted"
     DELETE_REPLACEMENT = "delete-replacement"
     CLEAR_REQUEST = "clear-checkpoint-request"
+    CLEAR_AGENT_REQUEST = "clear-agent-request"
 
 
 @dataclass(frozen=True)
 class Op:
-    """One API operation (or, for `publish-checkpoint`, one agent step). `irreversible`: once it succeeds the
+    """One API operation (or, for `verify-checkpoint-image`, one registry read). `irreversible`: once it succeeds the
     move is committed and is finished rather than rolled back."""
 
     kind: OpKind
@@ -146,10 +155,13 @@ class SimpleMove:
 @dataclass(frozen=True)
 class MoveOptions:
     checkpoint: str = "auto"  # auto (the pod's gpudefrag.io/checkpoint annotation, else kubelet) | kubelet | app
-    checkpoint_image: str = "registry.local/gpudefrag/{namespace}-{pod}-{container}:{move_id}"
+    # a checkpoint image whose compatibility record the target does not satisfy: refuse the move, or
+    # "cold-start" (the policy's `fallback: evict`): the replacement starts fresh from the pod's own image
+    on_incompatible: str = "refuse"
     checkpoint_root: str = "/checkpoints"  # app hook: where the application writes (shared storage)
     signal: str = "USR1"
     ready_timeout_s: float = 900.0
+    checkpoint_timeout_s: float = 900.0  # the agent's checkpoint + push
     compat: CompatRule | None = None
 
 
@@ -211,10 +223,7 @@ def replacement_manifest(info: PodInfo, target: str, move_id: str, *, name: str,
             c["volumeMounts"] = mounts
         else:
             c.pop("volumeMounts", None)
-        if mode == "kubelet":
-            c["image"] = options.checkpoint_image.format(namespace=info.namespace, pod=info.name,
-                                                         container=c.get("name", ""), move_id=move_id)
-        elif mode == "app":
+        if mode == "app":
             env = [e for e in c.get("env") or [] if e.get("name") != "GPUDEFRAG_RESTORE_FROM"]
             env.append({"name": "GPUDEFRAG_RESTORE_FROM", "value": dest})
             c["env"] = env
@@ -305,15 +314,19 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
                detail=f"PDB {p.key} will allow the eviction once the replacement is Ready",
                params={"namespace": p.namespace, "name": p.name}) for p in pdbs]
     if mode == "kubelet":
-        for c in info.containers:
-            ops.append(Op(OpKind.CHECKPOINT, "POST", f"/api/v1/nodes/{info.node}/proxy/checkpoint/{ns}/{pod}/{c}",
-                          detail=f"kubelet checkpoint (CRIU) of container {c} on {info.node}",
-                          params={"node": info.node, "namespace": ns, "pod": pod, "container": c}))
-        for c in info.containers:
-            image = options.checkpoint_image.format(namespace=ns, pod=pod, container=c, move_id=mid)
-            ops.append(Op(OpKind.PUBLISH_CHECKPOINT, "AGENT", image,
-                          detail=f"turn the checkpoint archive of {c} into image {image} (node agent)",
-                          params={"container": c, "image": image, "node": info.node}))
+        req = {"move_id": mid, "containers": list(info.containers)}
+        ops.append(Op(OpKind.AGENT_CHECKPOINT, "PATCH", _pod_path(ns, pod),
+                      body={"metadata": {"annotations": {ANN_AGENT_REQUEST: json.dumps(req, sort_keys=True)}}},
+                      detail=f"ask the node agent on {info.node} to checkpoint {', '.join(info.containers)} "
+                             "(kubelet + CRIU) into a signed checkpoint image",
+                      params={"namespace": ns, "pod": pod, "node": info.node}))
+        ops.append(Op(OpKind.WAIT_AGENT_CHECKPOINT, "GET", _pod_path(ns, pod),
+                      detail=f"wait for the agent's answer ({ANN_AGENT_RESULT})",
+                      params={"namespace": ns, "pod": pod, "move_id": mid, "containers": list(info.containers),
+                              "timeout_s": options.checkpoint_timeout_s}))
+        ops.append(Op(OpKind.VERIFY_IMAGE, "GET", "registry",
+                      detail=f"check each image's digest, signature and compatibility record against {move.target}",
+                      params={"node": move.target, "on_incompatible": options.on_incompatible}))
     elif mode == "app":
         dest = f"{options.checkpoint_root}/{ns}/{pod}/{mid}"
         ops.append(Op(OpKind.REQUEST_APP_CHECKPOINT, "PATCH", _pod_path(ns, pod),
@@ -353,6 +366,10 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
                   params={"namespace": ns, "pod": pod, "uid": info.uid, "timeout_s": options.ready_timeout_s}))
     rollback = [Op(OpKind.DELETE_REPLACEMENT, "DELETE", _pod_path(ns, repl), detail=f"delete {repl}",
                    params={"namespace": ns, "pod": repl})]
+    if mode == "kubelet":
+        rollback.append(Op(OpKind.CLEAR_AGENT_REQUEST, "PATCH", _pod_path(ns, pod),
+                           body={"metadata": {"annotations": {ANN_AGENT_REQUEST: None, ANN_AGENT_RESULT: None}}},
+                           detail="withdraw the agent request", params={"namespace": ns, "pod": pod}))
     if mode == "app":
         rollback.append(Op(OpKind.CLEAR_REQUEST, "PATCH", _pod_path(ns, pod),
                            body={"metadata": {"annotations": {ANN_CKPT_REQUEST: None, ANN_CKPT_DEST: None}}},
