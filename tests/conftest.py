@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import pwd
+import secrets
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -125,3 +128,58 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryL
     finally:
         lab.proc.terminate()
         lab.proc.wait(timeout=30)
+
+
+@dataclass(frozen=True)
+class ThrowawayUser:
+    """An unprivileged account made for one test (the attacker): `run` executes a command as it."""
+
+    name: str
+    uid: int
+    gid: int
+
+    def run(self, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, user=self.uid, group=self.gid, extra_groups=[], text=True,  # type: ignore[call-overload]
+                              capture_output=True, **kw)
+
+    def popen(self, argv: list[str], **kw: object) -> subprocess.Popen[str]:
+        return subprocess.Popen(argv, user=self.uid, group=self.gid, extra_groups=[], text=True,  # type: ignore[call-overload]
+                                **kw)
+
+
+@pytest.fixture
+def throwaway_user() -> Iterator[ThrowawayUser]:
+    """A fresh unprivileged user (`useradd` as root), removed afterwards with whatever it still runs."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        part_missing("ROOT", "NOT ROOT (or no useradd): attacks that need a second, unprivileged user are SKIPPED")
+    name = f"gpdx{os.getpid() % 100000}{secrets.token_hex(2)}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+                   check=True, capture_output=True)
+    try:
+        pw = pwd.getpwnam(name)
+        yield ThrowawayUser(name, pw.pw_uid, pw.pw_gid)
+    finally:
+        _kill_uid(pw.pw_uid)  # what the attacker left running: processes of this test's own account, by PID
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def _kill_uid(uid: int) -> None:
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if d.stat().st_uid == uid:
+                os.kill(int(d.name), 9)
+        except OSError:
+            continue
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A folder like /tmp (mode 1777, reachable by every user; pytest's tmp_path is root-only), removed after."""
+    d = Path(tempfile.mkdtemp(prefix="gpd-shared-", dir="/tmp"))
+    os.chmod(d, 0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

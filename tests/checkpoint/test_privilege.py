@@ -264,25 +264,78 @@ def test_criu_job_of_nobody_comes_back_as_nobody_and_owner_change_is_refused(cri
 
 
 @pytest.mark.criu
-def test_criu_log_folder_planted_by_a_user_is_not_used(criu, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_criu_log_folder_planted_by_a_user_neither_blocks_nor_redirects_checkpoints(
+        criu, store: CheckpointStore, tmp_path: Path, probes: Probes, throwaway_user, shared_tmp: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user who creates $TMPDIR/gpudefrag-criu-logs first (a folder of theirs, or a link to a folder of
+    root's) used to block every CRIU checkpoint on the host; root's logs now go to a folder only root can
+    create, and a planted folder named explicitly is still refused."""
+    from gpudefrag.checkpoint import criu as criu_mod
     from gpudefrag.checkpoint.criu import CriuBackend
 
-    tmp = tmp_path / "tmp"
-    tmp.mkdir(mode=0o1777)
-    os.chmod(tmp, 0o1777)
+    tmp = shared_tmp
     (tmp_path / "victim").mkdir()
-    os.symlink(tmp_path / "victim", tmp / "gpudefrag-criu-logs")  # a user's link in a shared /tmp
+    r = throwaway_user.run(["mkdir", "-m", "777", str(tmp / "gpudefrag-criu-logs")])
+    assert r.returncode == 0, r.stderr
     monkeypatch.setenv("TMPDIR", str(tmp))
     tempfile.tempdir = None
+    criu_mod.default_log_dir.cache_clear()
     try:
-        with pytest.raises(CheckpointError) as e:
-            CriuBackend(criu_bin=criu.criu_bin)
-        assert e.value.reason == UNSAFE_PATH
+        be = CriuBackend(criu_bin=criu.criu_bin, keep_logs=True)
+        assert be.log_dir is not None and not str(be.log_dir).startswith(str(tmp))
+        job, _ = probes.start("planted-logs", mb=4)
+        m, _ = checkpoint_to_store(store, be, job.pid, "planted-logs", leave_running=True)
+        assert store.verify(m.id).ok
+        assert os.listdir(tmp / "gpudefrag-criu-logs") == [] and os.listdir(tmp_path / "victim") == []
         planted = tmp_path / "planted"
         planted.mkdir(mode=0o777)
         os.chmod(planted, 0o777)
-        with pytest.raises(CheckpointError):
+        with pytest.raises(CheckpointError) as e:
             CriuBackend(criu_bin=criu.criu_bin, log_dir=planted)  # others may write into it
+        assert e.value.reason == UNSAFE_PATH
+        os.symlink(tmp_path / "victim", tmp_path / "link")
+        with pytest.raises(CheckpointError):
+            CriuBackend(criu_bin=criu.criu_bin, log_dir=tmp_path / "link")
     finally:
         tempfile.tempdir = None
+        criu_mod.default_log_dir.cache_clear()
+
+
+def test_a_store_root_a_user_owns_or_others_may_write_is_refused(tmp_path: Path, throwaway_user,
+                                                                 run_cli) -> None:
+    """A store folder owned by a user was accepted silently, and the user then removed a checkpoint from under
+    root. A store root owned by anyone but the service's user, or writable by group or others, is refused
+    (`unsafe-path`, one line, exit 2) by every command, and nothing is written into it."""
+    key = tmp_path / "key"
+    base = tmp_path / "stores"
+    base.mkdir()
+    good = CheckpointStore(base / "good", key)
+    good.create("w").commit(backend="app", mode="app-hook", compat=_versions())  # root's own store works
+    owned = base / "owned"
+    owned.mkdir(mode=0o700)
+    os.chown(owned, throwaway_user.uid, throwaway_user.gid)
+    loose = base / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+    group = base / "group"
+    group.mkdir()
+    os.chmod(group, 0o770)
+    for root in (owned, loose, group):
+        st = CheckpointStore(root, key)
+        with pytest.raises(CheckpointError) as e:
+            st.create("w")
+        assert e.value.reason == UNSAFE_PATH, e.value
+        with pytest.raises(CheckpointError):
+            st.list()
+        assert not st.verify("w-1").ok
+        assert os.listdir(root) == []
+        for args in (["checkpoints", "list"], ["checkpoints", "gc"]):
+            r = run_cli(*args, "--store", str(root), "--key", str(key))
+            assert r.returncode == 2 and "unsafe-path" in r.stderr, (args, r.stderr)
+            assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _versions():  # type: ignore[no-untyped-def]
+    from gpudefrag.checkpoint.compat import host_versions
+
+    return host_versions("test 1")

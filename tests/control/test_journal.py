@@ -278,3 +278,39 @@ def test_an_sqlite_file_without_tables_is_no_journal_to_read_but_may_become_one(
         j.create("w", "a", "b")
     assert _migrations(p).returncode == 0
 
+
+
+def test_a_second_controller_on_the_same_journal_is_refused(tmp_path: Path) -> None:
+    """Two controllers on one journal drove migrations twice or left them mid-way: the first holds the journal
+    (a lock held for its whole life), the second refuses with one line naming the holder and exits 1; once the
+    first is gone, a new controller may take over."""
+    import json
+    import time
+
+    from gpudefrag.demo import demo_state
+    from gpudefrag.snapshot import state_to_dict
+
+    snap = tmp_path / "snap.json"
+    snap.write_text(json.dumps(state_to_dict(demo_state())))
+    policy = Path(__file__).resolve().parents[2] / "examples/policies/default.yaml"
+    journal = tmp_path / "j.db"
+    cmd = [sys.executable, "-c", "from gpudefrag.cli.main import run; run()", "controller", "--policy", str(policy),
+           "--engine", "sim", "--snapshot", str(snap), "--journal", str(journal), "--interval", "0.2"]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (journal.exists() and any(" FLOCK " in ln and f" {first.pid} " in ln
+                                             for ln in Path("/proc/locks").read_text().splitlines())):
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            assert time.monotonic() < deadline, "the first controller never claimed the journal"
+            time.sleep(0.1)
+        second = subprocess.run([*cmd, "--max-cycles", "1"], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "another controller is running" in lines[0] and str(first.pid) in lines[0], lines
+        assert first.poll() is None  # the first one goes on
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+    again = subprocess.run([*cmd, "--max-cycles", "1"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr

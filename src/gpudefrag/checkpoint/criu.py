@@ -18,16 +18,17 @@ page-server streaming, lazy restore from local images, moving between network an
 aborts, so `precopy=True` checks `criu check --feature mem_dirty_track` first and falls back to a plain dump,
 saying so in `CheckpointResult.mode/notes`. Network post-copy (`dump --lazy-pages`) hangs here and is not used.
 
-Root writes CRIU's logs, so the log folder must be private (`jobfiles.private_dir`: a folder a user planted in a
-shared /tmp, or a link there, is refused). The dump records the job's uid/gid/groups and working folder; a
-restore is refused (`owner-mismatch`) when that folder now belongs to someone else. CRIU itself gives the
-restored tasks back exactly the credentials they were dumped with.
+Root writes CRIU's logs, so the log folder must be private (`jobfiles.private_dir`: a folder a user planted, or a
+link, is refused); the default is /run/gpudefrag/criu-logs, never a fixed name in a shared /tmp. The dump
+records the job's uid/gid/groups and working folder; a restore is refused (`owner-mismatch`) when that folder now
+belongs to someone else. CRIU itself gives the restored tasks back exactly the credentials they were dumped with.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import shutil
@@ -77,8 +78,18 @@ def _ns(pid: int | str, kind: str) -> str:
     return os.readlink(f"/proc/{pid}/ns/{kind}")
 
 
+ROOT_LOG_DIR = Path("/run/gpudefrag/criu-logs")
+
+
+@functools.cache
 def default_log_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "gpudefrag-criu-logs"
+    """Where CRIU's logs go unless a folder is named: as root, /run/gpudefrag/criu-logs (folders only root can
+    create); otherwise a fresh folder with an unpredictable name in $TMPDIR. Never a fixed name in a shared
+    /tmp: a user who created it first would block every checkpoint on the host (it is refused, see
+    `private_dir`)."""
+    if os.geteuid() == 0:
+        return ROOT_LOG_DIR
+    return Path(tempfile.mkdtemp(prefix="gpudefrag-criu-logs-"))
 
 
 def du_bytes(d: Path) -> int:

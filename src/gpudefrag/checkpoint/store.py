@@ -176,7 +176,27 @@ class CheckpointStore:
 
     def _ensure_root(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.check_root()
         os.chmod(self.root, 0o700)
+
+    def check_root(self) -> bool:
+        """Refuse (`unsafe-path`) a store root that is a link, not a folder, owned by anyone but this service's
+        user, or writable by group or others: whoever can write the root can rename or delete a checkpoint from
+        under root, or swap one folder for another. False when the root does not exist yet."""
+        try:
+            st = os.lstat(self.root)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise CheckpointError(UNSAFE_PATH, "the store root is a link or not a folder", path=str(self.root))
+        if st.st_uid != os.geteuid():
+            raise CheckpointError(UNSAFE_PATH, f"the store root is owned by uid {st.st_uid}, not by uid "
+                                  f"{os.geteuid()} (the service's user): chown it or choose another store",
+                                  path=str(self.root))
+        if st.st_mode & 0o022:
+            raise CheckpointError(UNSAFE_PATH, f"the store root is writable by others (mode "
+                                  f"{stat.S_IMODE(st.st_mode):04o}): chmod 700 it", path=str(self.root))
+        return True
 
     def path(self, ckpt_id: str) -> Path:
         if not _ID_RE.match(ckpt_id) or ckpt_id.startswith((TMP_PREFIX, TRASH_PREFIX)):
@@ -269,6 +289,7 @@ class CheckpointStore:
         """
         try:
             d = self.path(ckpt_id)
+            self.check_root()
         except CheckpointError as e:
             return VerifyResult(ckpt_id, str(self.root), False, e.reason, e.detail)
         try:
@@ -324,7 +345,7 @@ class CheckpointStore:
         return VerifyResult(ckpt_id, str(d), True, OK, "", m, checked)
 
     def ids(self) -> list[str]:
-        if not self.root.is_dir():
+        if not self.check_root():
             return []
         return sorted(e.name for e in os.scandir(self.root)
                       if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))

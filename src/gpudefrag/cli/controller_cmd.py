@@ -103,6 +103,7 @@ def controller(
         from ..control.kube_executor import KubeMoveExecutor
 
         kj = Journal(_journal_path(journal), on_write=crash_hook_from_env())
+        kj.claim()  # one controller per journal, for its whole life
         from ..engines.kubernetes.moves import MoveOptions
         from ..policy.options import compat_rule
 
@@ -130,6 +131,7 @@ def controller(
         if sim is None and (run_dir is None or st is None) and pol.action.kind == "migrate":
             raise fail("moving jobs needs --run-dir and --store (the wrappers' shared directory and store)")
         j = Journal(_journal_path(journal), on_write=crash_hook_from_env())
+        j.claim()
         if sim is not None:
             agent = sim
         else:

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from ..core.model import ClusterState
 from ..errors import InputError
-from .common import JsonOpt, console, emit_json, err_console, fail
+from .common import JsonOpt, console, emit_json, fail
 
 
 class EngineName(StrEnum):
@@ -83,12 +83,9 @@ def _default_journal() -> Path | None:
 
 
 def _token(path: Path) -> str:
-    from ..web.auth import read_token_file, token_file_world_readable
+    from ..web.auth import read_token_file
 
-    token = read_token_file(path)
-    if token_file_world_readable(path):
-        err_console.print(f"[yellow]warning:[/] {escape(str(path))} is readable by other users (chmod 600 it)")
-    return token
+    return read_token_file(path)  # refused when others can read it
 
 
 def _source(engine: EngineName, snapshot: Path | None):  # type: ignore[no-untyped-def]

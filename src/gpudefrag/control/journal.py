@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import sqlite3
@@ -151,6 +152,18 @@ def _precheck(path: Path, *, readonly: bool) -> bool:
     return False
 
 
+def _holders(st: os.stat_result) -> str:
+    """Who holds the flock on the file `st` describes, from /proc/locks (best effort: `PID n`)."""
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    with contextlib.suppress(OSError):
+        for ln in Path("/proc/locks").read_text().splitlines():
+            parts = ln.split()
+            if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == want:
+                pids.append(parts[4])
+    return f"PID {', '.join(pids)}" if pids else "held by another process"
+
+
 def _side_files(path: Path) -> bool:
     """Whether SQLite's -wal/-shm files exist beside the journal (refused when they are not regular files)."""
     found = False
@@ -263,8 +276,35 @@ class Journal:
         db.execute("COMMIT")
         db.execute("PRAGMA busy_timeout=30000")  # from here on, wait out the dashboard's short reads
 
+    def claim(self) -> None:
+        """Make this process the journal's only controller, for as long as it runs: an exclusive `flock` on the
+        journal file, held through a descriptor that closes only with the process (or `close`). A second
+        controller on the same journal would drive the same migrations twice or leave them mid-way, so it is
+        refused with one line naming the holder. The dashboard and `migrations` (read-only) never claim."""
+        if self.readonly:
+            raise JournalError(self.path, "opened read-only: a read-only reader cannot be the controller")
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            now = os.stat(self.path, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino):
+                raise JournalError(self.path, "was replaced while being claimed")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise JournalError(self.path, f"another controller is running on this journal "
+                                   f"({_holders(st)}); only one controller may drive a journal",
+                                   transient=True) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._claim_fd = fd
+
     def close(self) -> None:
         self._db.close()
+        fd, self._claim_fd = getattr(self, "_claim_fd", None), None
+        if fd is not None:
+            os.close(fd)
 
     def __enter__(self) -> Journal:
         return self

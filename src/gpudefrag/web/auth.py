@@ -20,9 +20,17 @@ MIN_TOKEN_CHARS = 16
 
 
 def read_token_file(path: Path) -> str:
-    """The token in `path` (surrounding whitespace stripped). InputError naming the file when unusable."""
+    """The token in `path` (surrounding whitespace stripped). InputError naming the file when unusable: a token
+    that other users can read (or write) is refused, as a readable signing key is, since whoever reads it holds
+    the dashboard's actions."""
     src = str(path)
     raw = read_input(path, "token")  # a regular file of at most 4 KiB: never a FIFO that would hang start-up
+    st = os.stat(path)  # the file itself (a mounted secret may be a link to it)
+    if st.st_mode & 0o077:
+        raise InputError(src, "", f"token file mode is {stat.S_IMODE(st.st_mode):04o}: other users could read or "
+                         f"change it; it must be 0600 (chmod 600 {src})")
+    if st.st_uid not in (0, os.geteuid()):
+        raise InputError(src, "", f"token file is owned by uid {st.st_uid}, not by this server's user or root")
     try:
         token = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -32,13 +40,6 @@ def read_token_file(path: Path) -> str:
     if any(c.isspace() for c in token):
         raise InputError(src, "", "token must be one line without spaces")
     return token
-
-
-def token_file_world_readable(path: Path) -> bool:
-    try:
-        return bool(os.stat(path).st_mode & (stat.S_IROTH | stat.S_IWOTH))
-    except OSError:
-        return False
 
 
 class TokenGuard:
