@@ -108,6 +108,8 @@ class NodeIn(_Strict):
     node_group: str | None = None
     partitions: list[str] = Field(default_factory=list)
     checkpointer_version: str | None = Field(None, description="e.g. 'criu 4.1.1': what a restore here runs")
+    kernel: str | None = Field(None, description="kernel release (uname -r), e.g. '6.1.0-18-amd64': a CRIU "
+                               "checkpoint records its host's and restores only where the compatibility rule allows")
 
     @field_validator("mig_devices")
     @classmethod
@@ -236,6 +238,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
             node_group=n.node_group,
             partitions=tuple(n.partitions),
             checkpointer_version=n.checkpointer_version,
+            kernel=n.kernel,
         )
         for n in snap.nodes
     ]
@@ -371,7 +374,7 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
         for k, v in (("gpu_model", n.gpu_model), ("gpu_allocatable", n.gpu_allocatable),
                      ("driver_version", n.driver_version), ("cuda_version", n.cuda_version),
                      ("cpu_arch", n.cpu_arch), ("node_group", n.node_group),
-                     ("checkpointer_version", n.checkpointer_version)):
+                     ("checkpointer_version", n.checkpointer_version), ("kernel", n.kernel)):
             if v is not None:
                 d[k] = v
         if n.cpu_milli:

@@ -31,6 +31,7 @@ def test_gfd_labels_and_capacity() -> None:
     n = s.node("gpu-node-0")
     assert (n.gpu_count, n.usable_gpus, n.gpu_model) == (8, 8, "NVIDIA-H100-80GB-HBM3")
     assert (n.driver_version, n.cuda_version, n.cpu_arch) == ("550.54.15", "12.4", "amd64")
+    assert n.kernel == "6.1.0-31-cloud-amd64"  # status.nodeInfo.kernelVersion: what the compatibility rule checks
     assert n.cpu_milli == 191450 and n.memory_mib == 2070000
     assert n.node_group == "gpu-h100"
 

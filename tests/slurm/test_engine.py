@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import re
 import socket
 import time
@@ -31,6 +32,8 @@ def test_observe_sees_nodes_jobs_gpu_indices_and_reasons(cluster) -> None:  # ty
     assert e.version.startswith(("22.05", "23.", "24.", "25."))
     assert [n.name for n in s.nodes] == ["node1", "node2", "node3", "node4"]
     assert all(n.gpu_count == 8 and n.schedulable and n.partitions == ("gpu",) for n in s.nodes)
+    # every slurmd of the lab runs on this host: its kernel is what the compatibility rule checks
+    assert {n.kernel for n in s.nodes} == {platform.release()}
     wa, wb = s.workload(a), s.workload(b)
     assert wa.is_running and wa.placements[0].node == "node1" and len(wa.placements[0].gpus) == 3
     assert set(wa.placements[0].gpus).isdisjoint(wb.placements[0].gpus)

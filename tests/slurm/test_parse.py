@@ -17,6 +17,8 @@ from gpudefrag.engines.base import JobPhase
 from gpudefrag.engines.slurm.hostlist import expand, expand_indices
 from gpudefrag.engines.slurm.parse import (
     job_info_from_scontrol,
+    kernel_release,
+    node_kernels,
     parse_gres_gpus,
     parse_jobs,
     parse_nodes,
@@ -212,3 +214,14 @@ def test_any_cluster_reads_the_same_in_both_dialects(c) -> None:  # type: ignore
             assert w.placements[0].node == j["node"] and list(w.placements[0].gpus) == j["idx"]
         else:
             assert w.request.gpus_per_node == j["gpus"]
+
+
+def test_kernel_from_the_nodes_os() -> None:
+    """The kernel release the compatibility rule checks: 22.05's `sinfo --json` carries each node's OS; 24.x's
+    leaves it out, so the engine reads it from `scontrol show nodes --json` (same node shape)."""
+    assert {n.kernel for n in parse_nodes(load("sinfo", "22.05"))} == {"6.18.44-fc-v1045"}
+    assert {n.kernel for n in parse_nodes(load("sinfo", "24.11"))} == {None}
+    assert kernel_release("Linux 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1") == "6.1.0-18-amd64"
+    assert kernel_release("") is None and kernel_release("Linux") is None and kernel_release("FreeBSD 14") is None
+    doc = {"nodes": [{"name": "node1", "operating_system": "Linux 6.12.9-amd64 #1 SMP"}, {"name": "node2"}]}
+    assert node_kernels(doc) == {"node1": "6.12.9-amd64"}

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..core.compat import checkpoint_record
 from ..engines.kubernetes.engine import KubernetesEngine
 from ..engines.kubernetes.executor import Executor, ImageVerifier
 from ..engines.kubernetes.moves import MoveOptions, SimpleMove, build_move
@@ -51,7 +52,7 @@ class KubeMoveExecutor(BudgetedExecutor):
         cluster = self.engine.cluster()
         for m in planned:
             seq = build_move(cluster, SimpleMove(m.workload_id, m.source, m.target), self.options)
-            versions = cluster.state.workload(m.workload_id).versions if seq.ok else None
+            versions = checkpoint_record(cluster.state, cluster.state.workload(m.workload_id)) if seq.ok else None
             done, res = self.moves.run_planned(m.id, seq, versions)
             self.log(f"migration {m.id} of {m.workload_id}: {done.state.value}"
                      + (f" ({res.error})" if res.error else ""))

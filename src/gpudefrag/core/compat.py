@@ -10,12 +10,13 @@ field the node (or host) does not report passes unless the rule is `strict`. Doc
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
-from .model import Node, Versions
+from .model import ClusterState, Node, Versions, Workload
 
 
 class VersionMatch(StrEnum):
@@ -141,10 +142,29 @@ def node_versions(node: Node) -> Versions:
     """What a node offers, as a Versions record (its usable GPUs as the count)."""
     v = node.versions()
     return Versions(gpu_model=v.gpu_model, gpu_count=node.usable_gpus, driver=v.driver, cuda=v.cuda,
-                    cpu_arch=v.cpu_arch, checkpointer=v.checkpointer)
+                    cpu_arch=v.cpu_arch, kernel=v.kernel, checkpointer=v.checkpointer)
 
 
 def node_signature(node: Node) -> tuple[object, ...]:
     """What `check` reads from a node: nodes with equal signatures get equal answers (used to cache)."""
-    return (node.gpu_model, node.usable_gpus, node.driver_version, node.cuda_version, node.cpu_arch,
+    return (node.gpu_model, node.usable_gpus, node.driver_version, node.cuda_version, node.cpu_arch, node.kernel,
             node.checkpointer_version)
+
+
+# What every checkpoint records about the host it was taken on, whatever the workload says about itself
+# (`checkpoint.compat.host_versions`: the CPU architecture, the kernel release, the checkpointer).
+HOST_FIELDS: tuple[str, ...] = ("cpu_arch", "kernel", "checkpointer")
+
+
+def checkpoint_record(state: ClusterState, w: Workload) -> Versions:
+    """What a checkpoint of `w` taken where it runs now will record: the workload's own versions, plus the facts
+    its node reports for the fields every checkpoint records of its host (`HOST_FIELDS`) where the workload does
+    not say. The planner and the Kubernetes moves check this record, as the restore gate checks the manifest's,
+    so a job on a 6.1 kernel is not planned onto a 6.12 node that the restore would refuse."""
+    v = w.versions
+    src = w.placements[0].node if w.placements else None
+    if src is None or src not in state.node_index:
+        return v
+    host = state.node(src).versions()
+    fill = {f: getattr(host, f) for f in HOST_FIELDS if getattr(v, f) is None and getattr(host, f) is not None}
+    return dataclasses.replace(v, **fill) if fill else v

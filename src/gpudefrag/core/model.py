@@ -118,6 +118,7 @@ class Node:
     node_group: str | None = None  # autoscaling group / pool
     partitions: tuple[str, ...] = ()  # Slurm partitions (empty: any)
     checkpointer_version: str | None = None  # e.g. "criu 4.1.1": what a restore on this node runs
+    kernel: str | None = None  # kernel release (`uname -r`), e.g. "6.1.0-18-amd64": a CRIU image records its own
 
     @property
     def usable_gpus(self) -> int:
@@ -140,6 +141,7 @@ class Node:
             driver=self.driver_version,
             cuda=self.cuda_version,
             cpu_arch=self.cpu_arch,
+            kernel=self.kernel,
             checkpointer=self.checkpointer_version,
         )
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .capacity import Capacity, Shape
-from .compat import CompatRule, check, describe, node_signature
+from .compat import CompatRule, check, checkpoint_record, describe, node_signature
 from .cost import AltCost, CostModel, MoveCost
 from .fragmentation import eligible_mask
-from .model import MILLI, ClusterState, Request, Workload
+from .model import MILLI, ClusterState, Request, Versions, Workload
 from .planner_types import PlanOptions
 
 BIG = np.iinfo(np.int64).max // 4
@@ -104,6 +104,7 @@ class Problem:
         self._compat: dict[object, np.ndarray] = {}
         self._sig_groups: dict[tuple[object, ...], list[int]] | None = None
         self._shapes: dict[int, Shape] = {}
+        self._records: dict[int, Versions] = {}
 
     # ------------------------------------------------------------------ lookups
     def on_node(self, i: int) -> np.ndarray:
@@ -127,9 +128,16 @@ class Problem:
         self._movable[wi] = reason
         return reason
 
+    def record(self, wi: int) -> Versions:
+        """What the workload's checkpoint will record (`core.compat.checkpoint_record`), cached."""
+        got = self._records.get(wi)
+        if got is None:
+            got = self._records[wi] = checkpoint_record(self.state, self.ws[wi])
+        return got
+
     def compat_mask(self, wi: int) -> np.ndarray:
         """Nodes the workload's checkpoint may be restored on (the compatibility gate), cached per record."""
-        rec = self.ws[wi].versions
+        rec = self.record(wi)
         got = self._compat.get(rec)
         if got is None:
             if self._sig_groups is None:
@@ -150,7 +158,7 @@ class Problem:
         w = self.ws[wi]
         r = w.request
         key = (r.gpu_models, tuple(sorted(r.node_selector.items())), r.tolerations, r.partition, r.gpus_per_node,
-               w.versions)
+               self.record(wi))
         got = self._targets.get(key)
         if got is None:
             got = eligible_mask(self.state, r) & (self.state.usable_counts >= r.gpus_per_node) & self.compat_mask(wi)
@@ -162,7 +170,7 @@ class Problem:
         mask = ~self.compat_mask(wi) & self.state.schedulable_mask
         out: list[str] = []
         for i in np.flatnonzero(mask)[:limit]:
-            out.extend(describe(self.ws[wi].versions, self.state.nodes[int(i)], self.rule))
+            out.extend(describe(self.record(wi), self.state.nodes[int(i)], self.rule))
         extra = int(mask.sum()) - limit
         if extra > 0:
             out.append(f"... and {extra} more nodes")

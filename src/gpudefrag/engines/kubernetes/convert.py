@@ -218,6 +218,7 @@ def _node(at: At, dra: DraInventory) -> Node:
         cuda_version=_gfd_version(labels, "nvidia.com/cuda.runtime-version.full",
                                   ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")),
         cpu_arch=labels.get("kubernetes.io/arch") or status.obj("nodeInfo").text("architecture"),
+        kernel=status.obj("nodeInfo").text("kernelVersion") or None,
         labels=labels,
         taints=tuple(taints),
         schedulable=not spec.flag("unschedulable") and ready,

@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...core.compat import checkpoint_record
 from ...core.model import ClusterState
 from ..base import EngineError, JobInfo, JobPhase, NodeInfo
 from .convert import KubeCluster
@@ -173,6 +174,6 @@ class KubernetesEngine:
         """Build the move's sequence from a fresh observation and run it."""
         cluster = self.last or self.cluster()
         seq = build_move(cluster, move, options)
-        versions = cluster.state.workload(move.workload_id).versions if seq.ok else None
+        versions = checkpoint_record(cluster.state, cluster.state.workload(move.workload_id)) if seq.ok else None
         ex = Executor(self.api, verify_image=verify_image, compat=(options or MoveOptions()).compat)
         return ex.run(seq, versions)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from ...core.compat import CompatRule, describe
+from ...core.compat import CompatRule, checkpoint_record, describe
 from ...core.model import Node
 from .convert import KubeCluster, PdbInfo, PodInfo
 
@@ -293,7 +293,7 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
     target: Node = state.node(move.target)
     if not target.schedulable:
         return _refuse(wid, move, mid, mode, f"target node {move.target} is cordoned or not ready")
-    mismatch = describe(state.workload(wid).versions, target, options.compat)
+    mismatch = describe(checkpoint_record(state, state.workload(wid)), target, options.compat)
     if mismatch:
         return _refuse(wid, move, mid, mode, "target incompatible: " + "; ".join(mismatch))
     pdbs = cluster.pdbs_for(wid)

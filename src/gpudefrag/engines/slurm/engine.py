@@ -6,6 +6,7 @@ and does nothing when the wanted state already holds, so a restarted controller 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from ...core.model import ClusterState
 from ..base import EngineError, JobInfo, JobPhase, NodeInfo
 from .parse import (
     job_info_from_scontrol,
+    node_kernels,
     parse_jobs,
     parse_nodes,
     parse_scontrol_record,
@@ -71,6 +73,9 @@ class SlurmEngine:
         jobs_doc = self._json("squeue", "--json")
         self.version = slurm_version(nodes_doc)
         nodes = parse_nodes(nodes_doc)
+        if any(n.kernel is None for n in nodes):  # the kernel the compatibility rule checks (CRIU records it)
+            kernels = node_kernels(self._json("scontrol", "show", "nodes", "--json"))
+            nodes = [dataclasses.replace(n, kernel=kernels.get(n.name)) if n.kernel is None else n for n in nodes]
         workloads, _ = parse_jobs(jobs_doc, nodes)
         known = {n.name for n in nodes}
         workloads = [w for w in workloads if all(p.node in known for p in w.placements)]

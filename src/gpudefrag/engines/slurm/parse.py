@@ -85,6 +85,23 @@ def parse_nodes(doc: Mapping[str, Any]) -> list[Node]:
     return [_node_v38(n) for n in doc.get("nodes", [])]
 
 
+def kernel_release(operating_system: str) -> str | None:
+    """The kernel release from a node's `OS` as slurmd reports it ("Linux 6.1.0-18-amd64 #1 SMP ..." →
+    "6.1.0-18-amd64"); None when it says nothing usable."""
+    parts = operating_system.split()
+    return parts[1] if len(parts) > 1 and parts[0] == "Linux" else None
+
+
+def node_kernels(doc: Mapping[str, Any]) -> dict[str, str]:
+    """Node name → kernel release, from `scontrol show nodes --json` (24.x's `sinfo --json` leaves the OS out)."""
+    out: dict[str, str] = {}
+    for n in doc.get("nodes") or []:
+        k = kernel_release(_str(n.get("operating_system")))
+        if k and n.get("name"):
+            out[str(n["name"])] = k
+    return out
+
+
 def _labels(features: str) -> dict[str, str]:
     return {f: "true" for f in (features or "").split(",") if f}
 
@@ -100,6 +117,7 @@ def _node_v38(n: Mapping[str, Any]) -> Node:
         labels=_labels(_str(n.get("active_features"))),
         schedulable=not (set(states) & _UNSCHEDULABLE),
         partitions=tuple(n.get("partitions") or ()),
+        kernel=kernel_release(_str(n.get("operating_system"))),
     )
 
 
