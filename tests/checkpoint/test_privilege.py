@@ -339,3 +339,98 @@ def _versions():  # type: ignore[no-untyped-def]
     from gpudefrag.checkpoint.compat import host_versions
 
     return host_versions("test 1")
+
+
+# The attacker: as the job's user, wait for the restore's private copy to become theirs, then swap its sub-folder
+# for a link to a folder of root's, so that root, still changing owners below it by path, changes root's files.
+SWAPPER = r'''
+import os, sys, time
+tmp, victim, prefix = sys.argv[1], sys.argv[2], "gpudefrag-restore-"
+end = time.time() + 120
+while time.time() < end:
+    for name in os.listdir(tmp):
+        if not name.startswith(prefix):
+            continue
+        d = os.path.join(tmp, name)
+        try:
+            os.rename(os.path.join(d, "sub"), os.path.join(d, "sub.old"))
+        except OSError:
+            continue
+        os.symlink(victim, os.path.join(d, "sub"))
+        print("SWAPPED", flush=True)
+        sys.exit(0)
+'''
+
+
+@pytest.mark.parametrize("files", [3000])
+def test_app_hook_restore_copy_cannot_be_turned_against_root_files(store: CheckpointStore, throwaway_user,
+                                                                   shared_tmp: Path, files: int,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The private copy of a checkpoint used to be handed to the job's user folder by folder, the top folder
+    first: the user swapped a sub-folder for a link and root changed the owner of any file on the host. Now the
+    copy is built root-only through descriptors and handed over whole, last: the swap comes too late to matter,
+    root's files keep their owner, and the copy the job gets is complete."""
+    from gpudefrag.checkpoint.compat import host_versions
+
+    victim = shared_tmp / "victim"
+    victim.mkdir(mode=0o755)
+    for i in range(files):
+        (victim / f"f{i:05d}").write_text("root's\n")
+    pending = store.create("race")
+    (pending.dir / "sub").mkdir()
+    for i in range(files):
+        (pending.dir / "sub" / f"f{i:05d}").write_text(f"{i}\n")
+    (pending.dir / "meta.json").write_text('{"step": 1}')
+    owner = {"uid": throwaway_user.uid, "gid": throwaway_user.gid, "groups": []}
+    m = pending.commit(backend="app", mode="app-hook", compat=host_versions("test 1"),
+                       info={"argv": ["/bin/sh", "-c", 'test -d "$GPUDEFRAG_RESTORE_FROM/sub.old" || '
+                                      'test -d "$GPUDEFRAG_RESTORE_FROM/sub"'],
+                             "cwd": "/", "owner": owner, "env": {"PATH": "/usr/bin:/bin"}})
+    tmp = shared_tmp / "tmp"
+    tmp.mkdir()
+    os.chmod(tmp, 0o1777)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    tempfile.tempdir = None
+    swapper = throwaway_user.popen([SYS_PY, "-c", SWAPPER, str(tmp), str(victim)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)  # the attacker is watching
+        _, res = restore_from_store(store, m.id, AppHookBackend(), wait=True)
+        out, err = swapper.communicate(timeout=150)
+    finally:
+        tempfile.tempdir = None
+        if swapper.poll() is None:
+            swapper.kill()
+            swapper.wait()
+    assert "SWAPPED" in out, err  # the attack ran
+    stolen = [p.name for p in victim.iterdir() if p.stat().st_uid != 0]
+    assert stolen == [], f"root changed the owner of {len(stolen)} of root's files"
+    assert len(list(victim.iterdir())) == files  # and removed none of them when it removed the copy
+    assert res.exit_code == 0
+    assert list(tmp.iterdir()) == []  # the copy is gone after a foreground restore
+
+
+def test_app_hook_restore_without_wait_leaves_no_copy_behind(store: CheckpointStore, throwaway_user,
+                                                             shared_tmp: Path, run_cli) -> None:
+    """`gpudefrag restore` without --wait returns while the job runs; the private copy of the checkpoint it
+    handed the job used to stay in /tmp for good. It is removed when the job ends."""
+    from gpudefrag.checkpoint.compat import host_versions
+
+    pending = store.create("nowait")
+    (pending.dir / "meta.json").write_text('{"step": 1}')
+    (pending.dir / "state.bin").write_bytes(os.urandom(1 << 20))
+    owner = {"uid": throwaway_user.uid, "gid": throwaway_user.gid, "groups": []}
+    m = pending.commit(backend="app", mode="app-hook", compat=host_versions("test 1"),
+                       info={"argv": ["/bin/sh", "-c", 'test -f "$GPUDEFRAG_RESTORE_FROM/state.bin" && sleep 1'],
+                             "cwd": "/", "owner": owner, "env": {"PATH": "/usr/bin:/bin"}})
+    r = run_cli("restore", m.id, "--store", str(store.root), "--key", str(store.key_path), "--json",
+                env={"TMPDIR": str(shared_tmp)})
+    assert r.returncode == 0, r.stderr
+    pid = json.loads(r.stdout)["pid"]
+    copies = list(shared_tmp.glob("gpudefrag-restore-*"))
+    assert len(copies) == 1 and (copies[0] / "state.bin").is_file()  # the job has its copy while it runs
+    deadline = time.monotonic() + 30
+    while (Path(f"/proc/{pid}").exists() or copies[0].exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
+    assert not copies[0].exists(), "the checkpoint's copy outlived its job"

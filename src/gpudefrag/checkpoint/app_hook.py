@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import shutil
 import signal
 import stat
@@ -95,13 +96,15 @@ def _copy_entry(spool: Path, name: str, dest: Path, uid: int) -> int:
             efd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
         except OSError as e:
             raise CheckpointError(UNSAFE_PATH, f"{spool}/{name}: {e.strerror}") from None
+        dfd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)  # the store's own folder
         try:
-            return copy_tree(efd, dest, uid)
+            return copy_tree(efd, dfd, uid)
         except OSError as e:  # the job is still running here: a full store only refuses this checkpoint
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise CheckpointError(STORE_FULL, f"no room to copy the save: {e.strerror}") from None
             raise CheckpointError(CHECKPOINT_FAILED, f"cannot copy the save {spool}/{name}: {e}") from None
         finally:
+            os.close(dfd)
             os.close(efd)
 
 
@@ -220,19 +223,56 @@ class AppHookBackend:
         if wait:
             code = p.wait()
             shutil.rmtree(copy, ignore_errors=True)
+        else:
+            _remove_when_done(p.pid, copy)
         return RestoreResult(backend=self.name, directory=str(ckpt_dir), pid=p.pid, duration_s=started,
                              mode="app-hook", exit_code=code,
-                             notes=() if wait else (f"the job reads its checkpoint from {copy}",))
+                             notes=() if wait else (f"the job reads its checkpoint from {copy} (removed when it "
+                                                    "exits)",))
+
+
+def _remove_when_done(pid: int, copy: Path) -> None:
+    """A restore that does not wait for its job still must not leave a full copy of the checkpoint behind: a
+    detached watcher (no parent to outlive, no terminal) waits on the job's pidfd and removes the copy when the
+    job ends. `shutil.rmtree` works from descriptors and never follows a link the user put in the copy."""
+    pidfd = os.pidfd_open(pid)  # now, while `pid` is certainly the job (our unreaped child)
+    try:
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the watcher
+            try:
+                os.setsid()
+                if os.fork() != 0:
+                    os._exit(0)
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.closerange(3, pidfd)
+                os.closerange(pidfd + 1, 65536)
+                select.select([pidfd], [], [])
+                shutil.rmtree(copy, ignore_errors=True)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+    finally:
+        os.close(pidfd)
 
 
 def _private_copy(src: Path, uid: int, gid: int) -> Path:
-    """The verified checkpoint, copied into a fresh folder the job's user owns (the store stays root-only)."""
+    """The verified checkpoint, copied into a fresh folder the job's user owns (the store stays root-only).
+
+    The folder is made root-only (mkdtemp, 0700) and filled through descriptors, each new file and folder given
+    to the user with `fchown` on its own descriptor while the user cannot yet reach any of them; the folder
+    itself is handed over last. Handing it over first and then changing what is below it by path let the user
+    swap a sub-folder for a link and have root change the owner of any file on the host."""
     d = Path(tempfile.mkdtemp(prefix="gpudefrag-restore-"))
     try:
-        with opened_dir(src.resolve()) as fd:
-            copy_tree(fd, d, 0)
-        for p in [d, *d.rglob("*")]:
-            os.chown(p, uid, gid, follow_symlinks=False)
+        with opened_dir(d) as dfd:
+            st = os.fstat(dfd)
+            if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+                raise CheckpointError(UNSAFE_PATH, "the private copy's folder is not ours alone", path=str(d))
+            with opened_dir(src.resolve()) as fd:
+                copy_tree(fd, dfd, 0, give_to=(uid, gid))
+            os.fchown(dfd, uid, gid)  # last: from now on nothing is done below it as root
     except BaseException:
         shutil.rmtree(d, ignore_errors=True)
         raise

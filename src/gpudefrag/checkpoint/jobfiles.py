@@ -72,9 +72,14 @@ def _owned(st: os.stat_result, uid: int, what: str) -> None:
         raise CheckpointError(UNSAFE_PATH, f"{what}: owned by uid {st.st_uid}, not the job's uid {uid}")
 
 
-def copy_tree(src_fd: int, dest: Path, uid: int, where: str = ".", depth: int = 0) -> int:
-    """Copy the folder open at `src_fd` into `dest` (which exists): regular files and folders owned by `uid`
-    only; a link, FIFO, device, socket or hard-linked file anywhere is refused (`unsafe-path`). Bytes copied."""
+def copy_tree(src_fd: int, dest_fd: int, uid: int, where: str = ".", depth: int = 0, *,
+              give_to: tuple[int, int] | None = None) -> int:
+    """Copy the folder open at `src_fd` into the folder open at `dest_fd`: regular files and folders owned by
+    `uid` only; a link, FIFO, device, socket or hard-linked file anywhere is refused (`unsafe-path`). Bytes copied.
+
+    Everything is created relative to its folder's descriptor, exclusively and without following a link, and
+    `give_to` (uid, gid) is applied with `fchown` on the new file's own descriptor: no ownership or mode is ever
+    changed through a path, which someone could have swapped for a link in between."""
     if depth > MAX_DEPTH:
         raise CheckpointError(UNSAFE_PATH, f"{where}: folders nested more than {MAX_DEPTH} deep")
     n = 0
@@ -89,8 +94,14 @@ def copy_tree(src_fd: int, dest: Path, uid: int, where: str = ".", depth: int = 
                 raise CheckpointError(UNSAFE_PATH, f"{rel}: cannot open without following a link: {e.strerror}") \
                     from None
             try:
-                (dest / name).mkdir(mode=0o700)
-                n += copy_tree(sub, dest / name, uid, rel, depth + 1)
+                os.mkdir(name, 0o700, dir_fd=dest_fd)
+                dsub = os.open(name, _DIR_FLAGS, dir_fd=dest_fd)
+                try:
+                    if give_to is not None:
+                        os.fchown(dsub, *give_to)
+                    n += copy_tree(sub, dsub, uid, rel, depth + 1, give_to=give_to)
+                finally:
+                    os.close(dsub)
             finally:
                 os.close(sub)
             continue
@@ -108,8 +119,11 @@ def copy_tree(src_fd: int, dest: Path, uid: int, where: str = ".", depth: int = 
             if fst.st_nlink != 1:
                 raise CheckpointError(UNSAFE_PATH, f"{rel}: has {fst.st_nlink} hard links")
             _owned(fst, uid, rel)
-            out = os.open(dest / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                          dir_fd=dest_fd)
             with os.fdopen(out, "wb") as f:
+                if give_to is not None:
+                    os.fchown(out, *give_to)
                 while chunk := src.read(_CHUNK):
                     f.write(chunk)
                     n += len(chunk)
