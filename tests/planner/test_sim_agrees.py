@@ -201,9 +201,9 @@ def test_the_dynamic_simulators_migrate_and_plan_agree(case, cli, tmp_path_facto
     assert plan["feasible"] and door["chosen"] == "move"
     ids = {f"pod-{pid}": pid for pid in placed.pods}
     sim_moves = [(f"pod-{pid}", cl.names[was.node], cl.names[new.node], list(new.gpus))
-                 for pid, was, new, _ in decider.last_moved]
+                 for pid, was, new, _, _ in decider.last_moved]
     assert sim_moves == [(m["workload"], m["source"], m["target"], m["target_gpus"]) for m in plan["moves"]]
-    assert math.isclose(sum(down for *_, down in decider.last_moved),
+    assert math.isclose(sum(down for *_, down, _lost in decider.last_moved),
                         sum(m["cost"]["downtime_s"] for m in plan["moves"]), rel_tol=1e-9)
     assert d.plan is not None and math.isclose(d.plan.total_cost_s, plan["total_cost_s"], rel_tol=1e-9)
     assert [cl.names[choice.node], list(choice.gpus)] == [plan["placements"][0]["node"],

@@ -116,7 +116,7 @@ def test_migrate_does_nothing_when_the_decision_prefers_eviction():
     # later the same move is cheaper than the work an eviction would lose: it is made
     got = decider.rescue(3, c, 200.0, {0: 250.0, 1: 250.0}, 900.0, version=2)
     assert decider.last.chosen == "move" and got is not None
-    assert [(f"pod-{p}", new) for p, _, new, _ in decider.last_moved] == [
+    assert [(f"pod-{p}", new) for p, _, new, _, _ in decider.last_moved] == [
         (m.workload_id, Choice(["a", "b"].index(m.target), m.target_gpus)) for m in decider.last.plan.moves]
     assert (sim_cl.free[got.node, list(got.gpus)] == 0).all()
 

@@ -131,6 +131,8 @@ def static(
                                           help="deschedule: fragOnePod, fragMultiPod or cosSim"),
     deschedule_repeat: bool = typer.Option(False, "--deschedule-repeat", help="deschedule: a pass at every "
                                            "failure while the budget lasts (the authors run one pass)"),
+    ray: str = typer.Option(None, "--ray", help="Run the sweep as Ray tasks on the cluster at ADDRESS, or on a "
+                            "local Ray cluster with 'local' (needs the ray extra); default: local processes"),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
     authors: Path = typer.Option(None, "--authors", help="Folder holding fgd-expected-results/ (default: the "
                                  "pod list's folder, when present)"),
@@ -175,7 +177,7 @@ def static(
                        moves_per_gpu, saturated)
     with _progress() as prog:
         task = prog.add_task("replays", total=len(runs))
-        results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task))
+        results = run_many(runs, workers or None, on_done=lambda r, res: prog.advance(task), ray=ray or None)
     bounds = []
     if bound and snapshot is None:  # with a snapshot's background load the bound would not hold
         all_pods = [p.pod for p in trace.pods]
@@ -275,6 +277,95 @@ def dynamic(
     console.print(dynamic_table_markdown(results))
     if gc is not None:
         console.print(f"FGD+migrate closes {100 * gc:.0f} % of the FGD → pooled gap in 8-GPU p95 delay")
+    console.print(f"wrote {escape(str(out))}/report.md")
+
+
+@sim_app.command("replay")
+def replay_cmd(
+    nodes: Path = typer.Option(..., "--nodes", help="Node list CSV (e.g. openb_node_list_gpu_node.csv)"),
+    pods: list[Path] = typer.Option(..., "--pods", help="Pod list CSV; give it again for more lists"),
+    out: Path = typer.Option(..., "--out", help="Report folder to create"),
+    load: str = typer.Option("0.9", "--load", help="Peak offered load, share of the GPUs (comma list to sweep): "
+                             "arrival times are scaled by one factor, order and durations kept; 0 = the trace's "
+                             "own timeline"),
+    window: str = typer.Option("", "--window", help="Replay only the pods created in START:END (seconds of the "
+                               "trace's time; either side may be empty)"),
+    times_from: Path = typer.Option(None, "--times-from", help="For a list without times: draw arrival gaps and "
+                                    "durations from this list's pods of the same GPU count (default: the study's "
+                                    "default list beside it)"),
+    seeds: str = typer.Option("42", "--seeds", help="Seeds: 42-44 or 42,43"),
+    policies: str = typer.Option("fgd", "--policies", help="Placement policies (comma list)"),
+    arms: str = typer.Option(",".join(("fgd", "fgd+gpudefrag", "fgd+deschedule", "fgd+evict", "pooled")), "--arms",
+                             help="Arms to run on the same arrivals"),
+    policy: Path = typer.Option(None, "--policy", help="The gpudefrag arm's policy file (default: act on a pod "
+                                "pending longer than --trigger, heartbeat checkpoints every --heartbeat)"),
+    trigger: float = typer.Option(300.0, "--trigger", help="Act when the head pod has waited longer (s)"),
+    heartbeat: float = typer.Option(1800.0, "--heartbeat", help="The default policy's heartbeat checkpoints (s)"),
+    workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
+    ray: str = typer.Option(None, "--ray", help="Run the sweep as Ray tasks on the cluster at ADDRESS, or on a "
+                            "local Ray cluster with 'local' (needs the ray extra); default: local processes"),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output folder"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """The trace in time: pods arrive at their creation time and run their own duration; FGD, FGD + gpudefrag,
+    FGD + the authors' descheduler, FGD + eviction and the pooled bound on the same arrivals."""
+    from ..sim.replay_report import table_markdown, write_replay
+    from ..sim.report import staged_folder
+    from ..sim.sweep import run_tasks
+    from ..sim.timed import ARMS, ReplaySpec, build, parse_window, run_arm, runs_for
+
+    pols = _split(policies, list(POLICIES), "--policies")
+    arm_list = _split(arms, ARMS, "--arms")
+    seed_list = parse_seeds(seeds)
+    try:
+        loads = [float(x) for x in load.split(",") if x.strip()]
+    except ValueError:
+        raise InputError("--load", "", f"expected shares such as 0.9 or 0.8,0.9, got {load!r}") from None
+    if not loads or not all(0 <= x < float("inf") for x in loads):
+        raise InputError("--load", "", f"expected shares >= 0 (0: the trace's own timeline), got {load!r}")
+    _non_negative(("--trigger", trigger), ("--workers", workers))
+    if not heartbeat > 0:
+        raise InputError("--heartbeat", "", f"must be > 0, got {heartbeat}")
+    parse_window(window)
+    _check_out(out, force)
+    if policy is not None:
+        from ..policy.loader import load_policy
+
+        load_policy(policy)
+    specs = [ReplaySpec(str(nodes), str(p), x, s, window, str(times_from or "")) for p in pods for x in loads
+             for s in seed_list]
+    for sp in {(s.pods, s.load): s for s in specs}.values():
+        build(sp)  # every input checked here, before any worker or folder exists
+    runs = runs_for(specs, pols, arm_list, trigger, str(policy or ""), heartbeat)
+    with _progress() as prog:
+        task = prog.add_task("replays", total=len(runs))
+        results = run_tasks(run_arm, runs, workers=workers or None, ray=ray or None,
+                            on_done=lambda r, res: prog.advance(task))
+    meta = {"nodes": str(nodes), "pods": ", ".join(str(p) for p in pods), "loads": loads, "seeds": seed_list,
+            "placement": ",".join(pols), "arms": ",".join(arm_list), "trigger_s": trigger,
+            "gpudefrag policy": str(policy) if policy else f"default (pending > {trigger:g} s, heartbeat "
+                                                             f"{heartbeat:g} s)",
+            "window": window or "the whole trace", "runs on": f"Ray ({ray})" if ray else "local processes"}
+    with staged_folder(out) as tmp:
+        summary = write_replay(tmp, results, meta)
+    if json_out:
+        keep = ("p50_wait_s", "p95_wait_s", "p99_wait_s", "gap_closed_p95_multi", "moves_per_placed_pod",
+                "gib_moved", "gib_moved_per_placed_pod", "gpu_hours_total", "gpu_hours_moving", "gpu_hours_lost",
+                "never_started", "evictions", "mean_allocation", "seeds")
+
+        def arms_of(g: dict) -> dict:  # type: ignore[type-arg]
+            return {k: {f: v.get(f) for f in keep} for k, v in g["arms"].items()}
+
+        if len(summary) == 1:
+            emit_json(_clean({"arms": arms_of(summary[0])}))
+        else:
+            emit_json(_clean({"sweep": [{"pods": g["pods"], "load": g["load"], "window": g["window"],
+                                         "arms": arms_of(g)} for g in summary]}))
+        return
+    for g in summary:
+        console.print(f"[bold]{escape(Path(str(g['pods'])).name)}[/bold], load {g['load']}: times "
+                      f"{escape(str(g['times']))}")
+        console.print(table_markdown(g["arms"]), markup=False)
     console.print(f"wrote {escape(str(out))}/report.md")
 
 

@@ -17,7 +17,14 @@ than `trigger_s`; filter = jobs with at most `movable_max_gpus` GPUs may be touc
 - `evict`: stop the victims (no application checkpoint: they restart from zero) and put them back in the queue;
   their elapsed GPU-seconds are counted as work lost. This action is not a plan of moves, so it stays on the
   array-level `sim/defrag.py: ArrayDefragmenter` (the descheduler/KAI way: victims chosen without checking
-  that they fit elsewhere).
+  that they fit elsewhere);
+- `deschedule`: the FGD authors' eviction descheduler (`sim/deschedule.py`, fragOnePod): at most one pass per
+  `trigger_s` while the head waits, each evicting up to ⌈ratio × pods running⌉; an evicted pod restarts (no
+  application checkpoint: its elapsed GPU-seconds are work lost) where the policy re-places it, or re-enters the
+  queue when nothing fits.
+
+With a product policy (`DynamicConfig.product`, e.g. a policy file) the migrate action takes its trigger, filter,
+move budget and heartbeat checkpoints from it, through `policy.options` as every other door does.
 
 The pooled bound runs the same jobs on one imaginary node holding every GPU: no fragmentation is possible, so
 its queueing delays are what the workload itself forces.
@@ -25,6 +32,7 @@ its queueing delays are what the workload itself forces.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 
@@ -32,6 +40,7 @@ import numpy as np
 
 from ..core.cost import CostModel
 from ..core.decision import MOVE, Decision, decide
+from ..core.fragmentation import WorkloadMix
 from ..core.model import MILLI, ClusterState, Placement, WorkloadState
 from ..core.model import Workload as PlannedWorkload
 from ..core.placement import Choice, Cluster, Pod, get_policy
@@ -57,6 +66,16 @@ class DynamicConfig:
     movable_max_gpus: int = 4
     seed: int = 0
     label: str = ""
+    product: Policy | None = None  # migrate: the product's policy (trigger, filter, budget, heartbeat)
+    deschedule_ratio: float = 0.05  # deschedule: a pass evicts at most this ratio of the running pods
+
+    @property
+    def trigger(self) -> float:
+        """Seconds the head job waits before the controller acts: the product policy's pending trigger when
+        there is one (migrate), else `trigger_s`."""
+        if self.product is not None and self.defrag == "migrate" and self.product.trigger.pending is not None:
+            return self.product.trigger.pending.longer_than_s
+        return self.trigger_s
 
     def name(self) -> str:
         if self.label:
@@ -87,6 +106,8 @@ class DynamicResult:
     move_log: list[tuple[float, str, str, str, tuple[int, ...]]] = field(default_factory=list)
     """migrate: every move made, in order: (time, workload id `pod-N`, source node, target node, target GPUs)."""
     decisions: int = 0  # migrate: how many times the one decision was asked
+    first_start: np.ndarray = field(default_factory=lambda: np.zeros(0))  # NaN: never started
+    end_time: float = 0.0  # when the simulation stopped
 
     def delays(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -159,38 +180,48 @@ class _Sim:
         heapq.heappush(self.heap, (t, self.seq, kind, arg))
 
 
-def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -> DynamicResult:
-    """Run the workload on the synthetic cluster of its spec, or on (a copy of) `cluster` (e.g. a snapshot's);
-    the pooled bound puts all of that cluster's GPUs, CPU and memory on one node."""
+def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
+             mix: WorkloadMix | None = None) -> DynamicResult:
+    """Run the workload on the synthetic cluster of its spec, or on (a copy of) `cluster` (e.g. a snapshot's, or
+    a trace's nodes); the pooled bound puts all of that cluster's GPUs, CPU and memory on one node. `mix`: the FGD
+    target workload (default: the synthetic spec's)."""
     if cluster is None:
         cl = synthetic_cluster(wl.spec, pooled=cfg.pooled)
     elif cfg.pooled:
         g = int(cluster.gpu_count.sum())
         cl = Cluster.build(["pooled"], [g], [None], [int(np.minimum(cluster.cpu_cap, 10**12).sum())], [0],
-                           synthetic_cluster(wl.spec).mix)
+                           mix or synthetic_cluster(wl.spec).mix)
         cl.free[0, :g] = np.sort(cluster.free[cluster.free >= 0])[::-1][:g]  # the background load stays
     else:
         cl = cluster.copy()
-        cl.mix = synthetic_cluster(wl.spec).mix
+        cl.mix = mix or synthetic_cluster(wl.spec).mix
     cl.rank = np.random.default_rng(cfg.seed + 7).permutation(cl.n)
     sim = _Sim(cfg, wl, cl, np.random.default_rng(cfg.seed))
     policy = get_policy("bestfit" if cfg.pooled else cfg.policy)
     placed = Placed.for_cluster(cl)
     defrag = None
     decider = None
-    if cfg.defrag == "evict" and not cfg.pooled:
+    desched = None
+    if cfg.defrag == "deschedule" and not cfg.pooled:
+        from .deschedule import Descheduler
+
+        desched = Descheduler(ratio=cfg.deschedule_ratio, cost_model=sim.cost)
+    elif cfg.defrag == "evict" and not cfg.pooled:
         defrag = ArrayDefragmenter(action=cfg.defrag, max_moves=cfg.max_moves, budget=1e12,
                                    movable=lambda p: p.num_gpu <= cfg.movable_max_gpus,
                                    cost_model=sim.cost, requeue_evicted=True)
     elif cfg.defrag == "migrate" and not cfg.pooled:
-        decider = Decider(cl, placed, migrate_options(cfg, sim.cost), cfg.check_every_s)
-    elif cfg.defrag not in ("none", "evict", "migrate"):
-        raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict)")
+        heartbeat = cfg.product.action.heartbeat if cfg.product is not None else None
+        decider = Decider(cl, placed, migrate_options(cfg, sim.cost), cfg.check_every_s,
+                          heartbeat.every_s if heartbeat is not None else None)
+    elif cfg.defrag not in ("none", "evict", "migrate", "deschedule"):
+        raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict | deschedule)")
     for j in wl.jobs:
         sim.push(j.submit, ARRIVE, j.id)
         sim.runs[j.id] = _Run(j, j.duration, j.submit)
-    if defrag is not None or decider is not None:
+    if defrag is not None or decider is not None or desched is not None:
         sim.push(cfg.check_every_s, CHECK, 0)
+    last_pass = [-np.inf]
 
     def start(jid: int, choice: Choice, placed_already: bool) -> None:
         r = sim.runs[jid]
@@ -224,11 +255,13 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
                 failed.clear()
         sim.queue = kept
 
-    def delay(pid: int, down: float) -> None:
-        """A moved job stops for its move's downtime: its end moves later by as much."""
+    def delay(pid: int, down: float, lost: float = 0.0) -> None:
+        """A moved job stops for its move's downtime (and redoes the work since the checkpoint it was restored
+        from, when that was not a fresh one): its end moves later by as much."""
         v = sim.runs[sim.by_pid[pid]]
         sim.move_gpu_s += down * v.job.gpu_equiv
-        v.end += down
+        sim.lost_gpu_s += lost * v.job.gpu_equiv
+        v.end += down + lost
         v.version += 1
         sim.push(v.end, END, sim.by_pid[pid] * 1024 + (v.version % 1024))
 
@@ -241,23 +274,61 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
         if choice is None:
             return
         sim.queue.pop(0)
-        for pid, was, new, down in decider.last_moved:
+        for pid, was, new, down, lost in decider.last_moved:
             sim.stats.moves += 1
             record_move(sim.stats, placed.pods[pid][0], cl, was, new, sim.cost)
             sim.move_log.append((sim.now, f"pod-{pid}", cl.names[was.node], cl.names[new.node], new.gpus))
-            delay(pid, down)
+            delay(pid, down, lost)
         sim.version += 1
         start(jid, choice, True)
         schedule()
 
+    def evicted(pid: int) -> _Run:
+        """A pod evicted without an application checkpoint: its elapsed work is lost, it starts over."""
+        vid = sim.by_pid.pop(pid)
+        v = sim.runs[vid]
+        sim.lost_gpu_s += (sim.now - v.started) * v.job.gpu_equiv
+        v.remaining = v.job.duration  # no application checkpoint: restart from zero
+        v.version += 1  # its END event is now stale
+        v.queued_at = sim.now
+        return v
+
+    def try_deschedule() -> None:
+        """One pass of the authors' descheduler; the victims restart where the policy re-placed them, or wait."""
+        assert desched is not None
+        if sim.now - last_pass[0] < cfg.trigger_s:
+            return
+        last_pass[0] = sim.now
+        before = dict(placed.pods)
+        desched.budget = None  # each pass: up to ratio × the pods running now
+        counted = dataclasses.replace(sim.stats)
+        desched.deschedule(cl, placed, policy, sim.rng, sim.stats)
+        sim.stats = counted  # its re-placements are restarts, not moves: counted here as evictions
+        for pid, (_p, was) in before.items():
+            now_at = placed.pods.get(pid)
+            if now_at is not None and now_at[1] == was:
+                continue
+            sim.stats.evictions += 1
+            v = evicted(pid)
+            if now_at is None:
+                sim.queue.append(v.job.id)
+            else:  # re-placed at once: it starts over there
+                placed.drop(pid)
+                start(v.job.id, now_at[1], True)
+        sim.version += 1
+        schedule()
+
     def try_defrag() -> None:
-        if (defrag is None and decider is None) or not sim.queue:
+        if (defrag is None and decider is None and desched is None) or not sim.queue:
             return
         head = sim.runs[sim.queue[0]]
-        if sim.now - head.queued_at < cfg.trigger_s:
+        if sim.now - head.queued_at < cfg.trigger:
             return
         if decider is not None:
             try_migrate()
+            return
+        if desched is not None:
+            try_deschedule()
             return
         assert defrag is not None
         choice = defrag.rescue(cl, head.job.pod, placed, policy, sim.rng, sim.stats)
@@ -265,13 +336,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
             return
         jid = sim.queue.pop(0)
         for pid in defrag.last_evicted:
-            vid = sim.by_pid.pop(pid)
-            v = sim.runs[vid]
-            sim.lost_gpu_s += (sim.now - v.started) * v.job.gpu_equiv
-            v.remaining = v.job.duration  # no application checkpoint: restart from zero
-            v.version += 1  # its END event is now stale
-            v.queued_at = sim.now
-            sim.queue.append(vid)
+            sim.queue.append(evicted(pid).job.id)
         start(jid, choice, True)
         schedule()
 
@@ -331,16 +396,19 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None) -
         moved_bytes=sim.stats.moved_bytes, lost_gpu_s=sim.lost_gpu_s,
         work_gpu_s=float(sum(j.duration * j.gpu_equiv for j in wl.jobs)),
         move_log=sim.move_log, decisions=decider.asked if decider is not None else 0,
+        first_start=np.array([sim.runs[i].first_start for i in range(n)]), end_time=sim.now,
     )
     return res
 
 
 def migrate_options(cfg: DynamicConfig, cost: CostModel) -> PlanOptions:
-    """The migrate action's options, built where every other door builds them (`policy.options`): a policy
-    whose filter admits jobs of at most `movable_max_gpus` GPUs, the simulation's cost model, the move budget,
-    and the fast heuristic solver (a decision is asked at every check while a job waits)."""
-    policy = Policy(name="dynamic-migrate", filter=Filter(max_gpus=cfg.movable_max_gpus))
-    return plan_options(PlanInputs(policy, cost), max_moves=cfg.max_moves, solver="heuristic")
+    """The migrate action's options, built where every other door builds them (`policy.options`): the product
+    policy when the configuration has one, else a policy whose filter admits jobs of at most `movable_max_gpus`
+    GPUs; the simulation's cost model, the move budget, and the fast heuristic solver (a decision is asked at
+    every check while a job waits)."""
+    policy = cfg.product or Policy(name="dynamic-migrate", filter=Filter(max_gpus=cfg.movable_max_gpus))
+    return plan_options(PlanInputs(policy, cost), max_moves=cfg.max_moves if cfg.product is None else None,
+                        solver="heuristic")
 
 
 class Decider:
@@ -348,14 +416,16 @@ class Decider:
     the head job as a pending workload, and, when the decision is a feasible move, exactly its moves applied to
     the arrays with the capacity model's own `place`/`remove` (one statement: all or nothing)."""
 
-    def __init__(self, cl: Cluster, placed: Placed, options: PlanOptions, recheck_s: float = 60.0) -> None:
+    def __init__(self, cl: Cluster, placed: Placed, options: PlanOptions, recheck_s: float = 60.0,
+                 heartbeat_s: float | None = None) -> None:
         self.cl, self.placed, self.options, self.recheck_s = cl, placed, options, recheck_s
+        self.heartbeat_s = heartbeat_s  # the policy's heartbeat checkpoints: every so many seconds of a job's run
         self.node_index = {n: i for i, n in enumerate(cl.names)}
         self.asked = 0
         self.last: Decision | None = None
-        self.last_moved: list[tuple[int, Choice, Choice, float]] = []  # pid, from, to, downtime (s)
+        self.last_moved: list[tuple[int, Choice, Choice, float, float]] = []  # pid, from, to, downtime, lost (s)
         self._seen: tuple[int, int, float] | None = None  # (head job, cluster version, when): "do nothing"
-        self._running: dict[int, tuple[Choice, float, PlannedWorkload]] = {}  # pid -> its workload, cached
+        self._running: dict[int, tuple[Choice, float, float | None, PlannedWorkload]] = {}  # pid -> workload
 
     def state(self, jid: int, pod: Pod, queued_at: float, started: dict[int, float],
               now: float) -> tuple[ClusterState, PlannedWorkload]:
@@ -363,14 +433,17 @@ class Decider:
         the head job (`job-<jid>`, pending since `queued_at`)."""
         cl, cache = self.cl, self._running
         running = []
+        hb = self.heartbeat_s
         for pid, (p, ch) in self.placed.pods.items():
             t0 = started.get(pid, now)
+            ck = t0 + ((now - t0) // hb) * hb if hb and now - t0 >= hb else None  # its last heartbeat
             hit = cache.get(pid)
-            if hit is None or hit[0] != ch or hit[1] != t0:
+            if hit is None or hit[0] != ch or hit[1] != t0 or hit[2] != ck:
                 w = as_workload(p, checkpoint_bytes(p, cl.models[ch.node]), pid,
-                                placements=(Placement(cl.names[ch.node], ch.gpus),), started_at=t0)
-                hit = cache[pid] = (ch, t0, w)
-            running.append(hit[2])
+                                placements=(Placement(cl.names[ch.node], ch.gpus),), started_at=t0,
+                                last_checkpoint_at=ck)
+                hit = cache[pid] = (ch, t0, ck, w)
+            running.append(hit[3])
         for pid in [k for k in cache if k not in self.placed.pods]:
             del cache[pid]
         head = PlannedWorkload(f"job-{jid}", request_of(pod), WorkloadState.PENDING, submitted_at=queued_at)
@@ -395,7 +468,7 @@ class Decider:
         cl, placed, idx = self.cl, self.placed, self.node_index
         assert d.plan is not None and d.plan.placements
         where: dict[int, Choice] = {}
-        moved: list[tuple[int, Choice, Choice, float]] = []
+        moved: list[tuple[int, Choice, Choice, float, float]] = []
         cl.mark()
         try:
             for m in d.plan.moves:
@@ -406,7 +479,7 @@ class Decider:
                 cl.remove(p, was)
                 cl.place(p, new)
                 where[pid] = new
-                moved.append((pid, was, new, m.cost.downtime_s))
+                moved.append((pid, was, new, m.cost.downtime_s, m.cost.lost_work_s))
             land = d.plan.placements[0]
             mine = Choice(idx[land.node], tuple(land.gpus))
             cl.place(pod, mine)

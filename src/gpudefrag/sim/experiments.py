@@ -11,7 +11,6 @@ import csv
 import hashlib
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from ..core.placement import FGD_STUDY_POLICIES, Cluster
 from .replay import CURVE_MAX, ReplayResult, build_workload, percentile_curve, replay
+from .sweep import run_tasks
 from .trace import Trace, TraceNode, TracePod, cluster_from_snapshot, fgd_mix, load_pods, load_trace
 
 AUTHOR_NAMES = {
@@ -104,24 +104,11 @@ def run_many(
     runs: Sequence[StaticRun],
     workers: int | None = None,
     on_done: Callable[[StaticRun, ReplayResult], None] | None = None,
+    ray: str | None = None,
 ) -> list[ReplayResult]:
-    """Run the replays in `workers` processes (default: the CPU count); results in the order of `runs`."""
-    workers = max(1, min(workers or os.cpu_count() or 1, len(runs)))
-    results: list[ReplayResult | None] = [None] * len(runs)
-    if workers == 1:
-        for i, r in enumerate(runs):
-            results[i] = run_one(r)
-            if on_done:
-                on_done(r, results[i])  # type: ignore[arg-type]
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futs = {pool.submit(run_one, r): i for i, r in enumerate(runs)}
-            for fut in as_completed(futs):
-                i = futs[fut]
-                results[i] = fut.result()
-                if on_done:
-                    on_done(runs[i], results[i])  # type: ignore[arg-type]
-    return [r for r in results if r is not None]
+    """Run the replays in `workers` processes (default: the CPU count), or as Ray tasks (`ray`: an address or
+    "local"; see `sim/sweep.py`); results in the order of `runs`."""
+    return run_tasks(run_one, runs, workers=workers, ray=ray, on_done=on_done)
 
 
 def median_curves(results: Sequence[ReplayResult]) -> dict[str, np.ndarray]:

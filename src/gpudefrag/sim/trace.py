@@ -46,6 +46,8 @@ class TracePod:
     pod: Pod
     creation_time: float | None = None
     deletion_time: float | None = None
+    scheduled_time: float | None = None  # empty for the trace's Pending pods
+    phase: str = ""  # pod_phase: Running, Succeeded, Failed, Pending (or empty)
 
 
 @dataclass(frozen=True)
@@ -178,11 +180,15 @@ def load_nodes(path: str | os.PathLike[str]) -> tuple[TraceNode, ...]:
     return tuple(out)
 
 
-def load_pods(path: str | os.PathLike[str], models: Collection[str] | None = None) -> tuple[TracePod, ...]:
+def load_pods(path: str | os.PathLike[str], models: Collection[str] | None = None, *,
+              times: bool = False) -> tuple[TracePod, ...]:
     """The pods of a list with the five study columns at least (gpu_spec, qos, phase and times optional).
     With `models` (the GPU models the cluster has), a `gpu_spec` naming a model outside it is an error: such a
-    pod could never be placed, and the list was most likely meant for another cluster."""
+    pod could never be placed, and the list was most likely meant for another cluster. With `times` (a replay in
+    time), every pod must have a creation time."""
     rows = _Rows(Path(path), POD_COLUMNS, POD_OPTIONAL)
+    if times and "creation_time" not in rows.index:
+        raise InputError(rows.source, "line 1", "missing column: creation_time (a replay in time needs it)")
     out: list[TracePod] = []
     interned: dict[Pod, Pod] = {}
     first: dict[str, int] = {}  # pod name -> the line it was first seen on
@@ -214,11 +220,20 @@ def load_pods(path: str | os.PathLike[str], models: Collection[str] | None = Non
         pod = Pod(k, milli if k else 0, cpu, mem, allowed)
         pod = interned.setdefault(pod, pod)
         created = rows.time(lineno, f, c, "creation_time")
+        if times and created is None:
+            raise InputError(rows.source, rows.get(lineno, f, c, "creation_time")[1], "empty creation time")
         deleted = rows.time(lineno, f, c, "deletion_time")
         if created is not None and deleted is not None and deleted < created:
             _, dwhere = rows.get(lineno, f, c, "deletion_time")
             raise InputError(rows.source, dwhere, f"deletion ({deleted}) before creation ({created})")
-        out.append(TracePod(name, pod, created, deleted))
+        scheduled = rows.time(lineno, f, c, "scheduled_time")
+        if scheduled is not None and ((created is not None and scheduled < created)
+                                      or (deleted is not None and scheduled > deleted)):
+            _, swhere2 = rows.get(lineno, f, c, "scheduled_time")
+            raise InputError(rows.source, swhere2, f"scheduled ({scheduled}) outside creation ({created}) .. "
+                             f"deletion ({deleted})")
+        phase = rows.get(lineno, f, c, "pod_phase")[0] or rows.get(lineno, f, c, "pod_phrase")[0]
+        out.append(TracePod(name, pod, created, deleted, scheduled, phase))
     if not out:
         raise InputError(rows.source, "line 2", "no pods")
     return tuple(out)
