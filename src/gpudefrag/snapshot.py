@@ -48,7 +48,8 @@ NonNeg = Annotated[int, Field(ge=0, le=2**31 - 1)]  # counts: GPUs, MIG slices, 
 Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]  # per-object CPU millicores and memory MiB
 Bytes = Annotated[int, Field(ge=0, le=2**53)]  # 8 PiB, exact as a float
 Time = Annotated[float, Field(ge=-1e11, le=1e11, allow_inf_nan=False)]  # seconds (epoch or trace-relative)
-Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]  # Kubernetes and Slurm priorities are 32-bit
+# Kubernetes priorities are signed 32-bit, Slurm's unsigned 32-bit (its defaults sit near 4,294,901,758)
+Priority = Annotated[int, Field(ge=-(2**31), le=2**32 - 1)]
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 
 

@@ -253,3 +253,49 @@ def test_controller_once_carries_the_plan_to_its_end(state, tmp_path: Path) -> N
     assert "finished: 2 of 2 move(s) made" in out, out
     moved = Journal(tmp_path / "j.db", readonly=True).all()
     assert len(moved) == 2 and all(m.state.value == "done" for m in moved)
+
+def _held(state):  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    return state.with_workloads([dataclasses.replace(w, scheduler_reason="JobHeldAdmin") if w.id == "big" else w
+                                 for w in state.workloads])
+
+
+def test_a_held_job_gets_no_moves_from_any_door_unless_asked_in_so_many_words(state, tmp_path: Path) -> None:
+    """Issue 32: with the pending job held (JobHeldAdmin), neither the pending trigger nor an explicit request
+    ("free a whole node") moves anything, and the skip names the job and its cause; --plan-anyway does."""
+    held = _held(state)
+    pol = {"trigger": {"pending": {"longer_than_s": 0}, "on_request": True},
+           "budgets": {"max_concurrent": 4, "max_per_node": 2}}
+    sim, c, j = setup(held, tmp_path, pol)
+    c.request()
+    r = c.cycle()
+    assert j.all() == [] and sim.calls == [], [d.as_dict() for d in r.decisions]
+    skips = [d.reason for d in r.decisions if d.kind == "skip"]
+    assert any("big" in s and "not-eligible" in s and "JobHeldAdmin" in s and "--plan-anyway" in s for s in skips)
+    _sim2, c2, j2 = setup(held, tmp_path / "anyway", {**pol, "trigger": {**pol["trigger"], "plan_anyway": True}})
+    r2 = c2.cycle()
+    assert j2.all(), [d.as_dict() for d in r2.decisions]
+    assert any(d.kind == "trigger" and "planned anyway" in d.reason for d in r2.decisions)
+    sim3 = SimEngine(held, requeue_delay_s=2.0)
+    p3 = parse_policy({**pol, "trigger": {"pending": None, "on_request": True}})
+    j3 = Journal(tmp_path / "j3.db", clock=lambda: sim3.now)
+    c3 = Controller(sim3, p3, Executor(sim3, sim3, j3, ExecutorConfig.from_policy(p3), clock=lambda: sim3.now),
+                    clock=lambda: sim3.now, plan_anyway=True)
+    c3.request()
+    r3 = c3.cycle()
+    assert any(d.kind == "trigger" and "explicit request" in d.reason for d in r3.decisions) and j3.all()
+
+
+def test_a_filter_that_excludes_every_job_is_named_with_its_count(state, tmp_path: Path) -> None:
+    """The docs' `max_priority: 10000` under Slurm's default priorities (~4.29e9): the no-plan decision says
+    which filter excluded how many jobs instead of only "no set of its movable workloads makes room"."""
+    import dataclasses
+
+    slurmish = state.with_workloads([dataclasses.replace(w, priority=4_294_901_758) for w in state.workloads])
+    _sim, c, j = setup(slurmish, tmp_path, {**POLICY, "filter": {"max_priority": 10000}})
+    _sim.now = 1000.0
+    r = c.cycle()
+    no_plan = [d.reason for d in r.decisions if d.kind == "plan" and "no plan" in d.reason]
+    assert no_plan and "0 of 8 running jobs may move (excluded: 8 by filter.max_priority <= 10000)" in no_plan[0]
+    assert j.all() == []

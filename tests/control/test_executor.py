@@ -14,6 +14,7 @@ import pytest
 from gpudefrag.control.agent import RunPhase
 from gpudefrag.control.executor import Executor, ExecutorConfig
 from gpudefrag.control.journal import Journal, MigrationState
+from gpudefrag.engines.base import JobPhase
 from gpudefrag.engines.sim import SimEngine
 
 S = MigrationState
@@ -217,3 +218,46 @@ def test_randomised_fault_schedules(tmp_path: Path, schedule_runner) -> None:  #
     # the schedules exercised every ending
     assert {"done", "rolled-back", "cold-started"} <= set(outcomes)
     assert crashes > n
+
+
+def test_rollback_whose_source_is_taken_goes_where_there_is_room(tmp_path: Path) -> None:
+    """Issue 32: the move's checkpoint fails verification, the rollback requeues the job, and the pending 8-GPU
+    job takes its source in the same breath. The rollback re-reads the cluster and sends the job to the node
+    with room (here the target) instead of waiting on the taken source: it ends, bounded, running once."""
+    from gpudefrag.core.model import ClusterState, Node, Placement, Request, Workload, WorkloadState
+
+    nodes = [Node("node1", 8), Node("node2", 8)]
+    wl = [Workload("a1", Request(2), placements=(Placement("node1", (0, 1)),), submitted_at=1.0),
+          Workload("b2", Request(4), placements=(Placement("node2", (0, 1, 2, 3)),), submitted_at=2.0),
+          Workload("big", Request(8), state=WorkloadState.PENDING, submitted_at=3.0)]
+    sim, ex, j = make(ClusterState.build(nodes, wl, now=1000.0), tmp_path, restore_timeout_s=30)
+    sim.inject("a1", "corrupt")
+    ex.submit([Move("a1", "node1", "node2")], reason="test")
+    drive(ex, sim, steps=60)  # well inside one restore timeout per try
+    m = j.all()[0]
+    assert m.state is S.COLD_STARTED or m.state is S.ROLLED_BACK, m.as_dict()
+    assert sim.jobs["big"].nodes == ("node1",) and sim.jobs["a1"].nodes == ("node2",)
+    assert len(sim.alive("a1")) == 1
+    details = [s["detail"] for s in j.steps(m.id)]
+    assert any("node1 was taken meanwhile" in d for d in details), details
+    assert any("to node2, which has room now" in d for d in details), details
+    assert all("pinning to " not in d or d.strip() != "held; pinning to" for d in details)
+
+
+def test_rollback_with_no_room_anywhere_is_left_queued_for_any_node(tmp_path: Path) -> None:
+    """No node has room for the rolled-back job: no node is named or excluded, and the migration ends after
+    the restore timeout with the job queued where any node can take it (never an endless wait)."""
+    from gpudefrag.core.model import ClusterState, Node, Placement, Request, Workload, WorkloadState
+
+    nodes = [Node("node1", 8), Node("node2", 8)]
+    wl = [Workload("a1", Request(2), placements=(Placement("node1", (0, 1)),), submitted_at=1.0),
+          Workload("b2", Request(7), placements=(Placement("node2", tuple(range(7))),), submitted_at=2.0),
+          Workload("big", Request(8), state=WorkloadState.PENDING, submitted_at=3.0)]
+    sim, ex, j = make(ClusterState.build(nodes, wl, now=1000.0), tmp_path, restore_timeout_s=20)
+    sim.inject("a1", "corrupt")
+    ex.submit([Move("a1", "node1", "node2")], reason="test")
+    drive(ex, sim, steps=120)
+    m = j.all()[0]
+    assert m.state is S.ROLLED_BACK and "left queued for any node" in m.reason, m.as_dict()
+    assert sim.jobs["a1"].phase is JobPhase.PENDING
+    assert sim.jobs["a1"].required == () and sim.jobs["a1"].excluded == ()

@@ -188,3 +188,33 @@ def test_moves_to_clear_count_the_cpu_the_request_needs_too():
     assert C.FRAGMENTATION in got
     ev = next(c for c in d.causes if c.code is C.FRAGMENTATION).evidence
     assert ev["min_moves_to_clear"] == 2 and ev["clearable_nodes"] == ["a"]
+
+
+def test_slurm_default_priorities_are_held_by_the_model():
+    """Issue 32: Slurm's default priorities (~4,294,901,758, unsigned 32-bit) must validate."""
+    s = build([node("a")], [job("x", 2, "a", priority=4_294_901_758), job("big", 8, priority=4_294_901_757)],
+              scheduler="slurm")
+    assert s.workload("x").priority == 4_294_901_758
+
+
+def test_partition_time_limit_is_a_limit_named_by_name():
+    """PartitionTimeLimit is a limit cause (docs/slurm.md: `*Limit` reasons are quota/limit causes), named."""
+    s = build([node("a"), node("b")], [job("x", 4, "a"), job("big", 8, scheduler_reason="PartitionTimeLimit")],
+              scheduler="slurm")
+    got, d = codes(s)
+    assert got[0] == C.QUOTA_EXCEEDED
+    assert d.causes[0].evidence["limit"] == "PartitionTimeLimit"
+    assert "PartitionTimeLimit limit" in d.causes[0].summary and "MaxTime" in d.causes[0].summary
+
+
+def test_fragmentation_evidence_names_only_nodes_whose_jobs_the_planner_may_move():
+    """Evidence says only what the planner could do: nodes whose jobs the filter excludes are not 'clearable'."""
+    s = build([node("a"), node("b"), node("c")],
+              [job("x", 4, "a", name="w-x"), job("y", 4, "b", name="big-y"), job("z", 4, "c", name="big-z"),
+               job("big", 8)])
+    (d,) = diagnose_all(s, ["big"], movable=lambda w: w.name.startswith("w-"))
+    ev = d.primary.evidence
+    assert d.codes == (C.FRAGMENTATION,) and ev["clearable_nodes"] == ["a"]
+    assert "(e.g. a)" in d.primary.summary
+    (d2,) = diagnose_all(s, ["big"], movable=lambda w: False)
+    assert "no node can be cleared by moving the jobs the planner may move" in d2.primary.summary

@@ -55,6 +55,8 @@ def controller(
     costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
     request_file: Path = typer.Option(None, "--request-file",
                                       help="A file whose appearance requests a cycle (consumed)"),
+    plan_anyway: bool = typer.Option(False, "--plan-anyway", help="Move jobs even for a pending job that an "
+                                     "ordinary cause (a hold, a limit, a quota) keeps waiting"),
     json_out: bool = JsonOpt,
 ) -> None:
     """Watch the cluster and move jobs as the policy says; every decision is printed with its reason."""
@@ -153,7 +155,7 @@ def controller(
 
     ctl = Controller(eng, pol, executor, dry_run=dry_run, log=log,
                      enrich=enrich_from_store(st) if st is not None else None, request_file=request_file,
-                     can_checkpoint=can, costs=cost_model)
+                     can_checkpoint=can, costs=cost_model, plan_anyway=plan_anyway)
     if once:
         ctl.request()
 
@@ -179,10 +181,24 @@ def controller(
     if executor is not None and once:
         # one cycle asked for: finish what it started — the migrations in flight and every move of a plan it
         # started that the budget deferred (max_per_node: 1 makes a two-move plan take two rounds) — bounded by
-        # the policy's timeouts; no new plan is started meanwhile
+        # the policy's timeouts; no new plan is started meanwhile. Every step of a migration has a timeout; as a
+        # last guard, no one set of migrations stays in flight longer than all of them together
+        from ..control.executor import once_deadline_s
+
+        limit = once_deadline_s(executor.config)
+        seen: set[int] = set()
+        end = time.monotonic() + limit
         while executor.active() or ctl.plans:
+            now_ids = {m.id for m in executor.active()}
+            if now_ids != seen:
+                seen, end = now_ids, time.monotonic() + limit
+            if sim is None and time.monotonic() > end:
+                left = ", ".join(f"{m.id} ({m.workload_id}: {m.state.value})" for m in executor.active())
+                raise fail(f"--once: migration(s) still in flight after {limit:.0f} s: {left}; they stay in the "
+                           "journal and a restarted controller resumes them", 1)
             time.sleep(interval if sim is None else 0)
             on_cycle(ctl.cycle(plan_new=False))
+
 
 def migrations(
     journal: Path = typer.Option(None, "--journal", envvar="GPUDEFRAG_JOURNAL", help="SQLite journal"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -17,6 +18,7 @@ from ..demo import demo_document, demo_state
 from ..render import gpu_map, histogram_line, legend
 from ..snapshot import json_schema, load_snapshot, write_json_atomic
 from .common import JsonOpt, console, emit_json, fail
+from .slurm_cmds import KeyOpt, RunDirOpt, StoreOpt, live_slurm
 
 snapshot_app = typer.Typer(help="Work with snapshot files (the JSON/YAML picture of a cluster).", no_args_is_help=True)
 
@@ -117,23 +119,39 @@ def diagnose(
     model: str = typer.Option(None, "--model", help="GPU model of the hypothetical request"),
     kube: bool = typer.Option(False, "--kube", help="Read the live Kubernetes cluster instead of a file"),
     context: str = typer.Option(None, "--context", help="kubeconfig context (implies --kube)"),
+    slurm: bool = typer.Option(False, "--slurm", help="Read the live Slurm cluster (SLURM_CONF) through the Slurm "
+                               "engine, as the controller does"),
+    policy: Path = typer.Option(None, "--policy", help="Policy file: its filter decides which jobs the evidence "
+                                "may count as movable (the controller's)"),
+    run_dir: Path = RunDirOpt,
+    store: Path = StoreOpt,
+    key: Path = KeyOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Why each pending GPU request waits: ordinary causes first, fragmentation last, with evidence."""
     from ..engines.kubernetes.load import load_cluster_state  # snapshot, kubectl dump, or the live cluster
+    from ..policy.options import load_inputs, plan_options
 
-    state = load_cluster_state(file, kube=kube, context=context)
+    if slurm and (kube or context is not None or file is not None):
+        raise fail("--slurm reads the live Slurm cluster: give no file, --kube or --context with it")
+    if slurm:
+        live = live_slurm(policy, run_dir, store, key)
+        state, opts = live.state, live.options
+        file = Path("slurm:" + os.environ.get("SLURM_CONF", "(default)"))
+    else:
+        state = load_cluster_state(file, kube=kube, context=context)
+        opts = plan_options(load_inputs(policy))
     if gpus is not None:
         if gpus < 1:
             raise fail(f"--gpus must be >= 1, got {gpus}")
-        diags = [decide(state, Request(gpus_per_node=gpus, gpu_models=(model,) if model else ()),
+        diags = [decide(state, Request(gpus_per_node=gpus, gpu_models=(model,) if model else ()), opts,
                         plan=False).diagnosis]
     else:
         if job is not None and job not in state.workload_index:
             raise fail(f"{file}: no workload with id {job!r}")
         if job is not None and state.workload(job).is_running:
             raise fail(f"{file}: workload {job!r} is running, not pending")
-        diags = [d.diagnosis for d in decide_all(state, [job] if job else None, plan=False)]
+        diags = [d.diagnosis for d in decide_all(state, [job] if job else None, opts, plan=False)]
     if json_out:
         emit_json({"file": str(file), "diagnoses": [d.as_dict() for d in diags]})
         return

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "gpudefrag.cli.checkpoint_cmd",
     "gpudefrag.cli.serve_cmd",
     "gpudefrag.cli.kube_cmds",
+    "gpudefrag.cli.slurm_cmds",
     "gpudefrag.cli.simulate_cmd",
     "gpudefrag.cli.controller_cmd",
     "gpudefrag.cli.run_cmd",

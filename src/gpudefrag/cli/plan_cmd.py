@@ -4,6 +4,7 @@ GPU map. Exit code 1 when no plan exists (with the reason), 2 for bad input."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import typer
@@ -18,6 +19,7 @@ from ..policy.options import load_inputs, plan_options
 from ..render import gpu_map, legend, workload_tags
 from ..snapshot import load_snapshot
 from .common import JsonOpt, console, emit_json, fail
+from .slurm_cmds import KeyOpt, RunDirOpt, StoreOpt, live_slurm
 
 
 def register(app: typer.Typer) -> None:
@@ -67,7 +69,7 @@ def build_options(policy: Path | None, costs: Path | None, *, max_moves: int | N
 
 
 def plan(
-    file: Path = typer.Argument(..., help="Snapshot file"),
+    file: Path = typer.Argument(None, help="Snapshot file (or --slurm)"),
     job: str = typer.Option(None, "--job", help="Plan for this pending workload (default: the oldest pending)"),
     gpus: int = typer.Option(None, "--gpus", help="Plan for a hypothetical request of this many GPUs (>= 1)"),
     model: str = typer.Option(None, "--model", help="GPU model of the hypothetical request"),
@@ -93,15 +95,29 @@ def plan(
                                   "(overrides the policy's compat.cuda)"),
     explain: bool = typer.Option(False, "--explain", help="Say why: excluded targets, rejected nodes, "
                                  "the alternatives (evict, drain, wait)"),
+    slurm: bool = typer.Option(False, "--slurm", help="Plan on the live Slurm cluster (SLURM_CONF) with the "
+                               "controller's options: its policy filter, only jobs under `gpudefrag run`"),
+    run_dir: Path = RunDirOpt,
+    store: Path = StoreOpt,
+    key: Path = KeyOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """The cheapest moves that free room for a pending job: each move with its cost, the totals, the node
     that becomes whole, and the GPU map before and after. The diagnosis comes first: when an ordinary cause
     (a quota, a QOS limit, a hold) keeps the job waiting, no move can start it — exit 1 naming the cause
     (`--plan-anyway` plans regardless). Exit 1 with the reason when there is no plan."""
-    state = load_snapshot(file)
+    if slurm == (file is not None):
+        raise fail("give a snapshot file, or --slurm for the live Slurm cluster (not both)")
     opts = build_options(policy, costs, max_moves=max_moves, max_moves_per_node=max_moves_per_node, solver=solver,
                          time_limit=time_limit, heartbeat=heartbeat, driver_rule=driver_rule, cuda_rule=cuda_rule)
+    if slurm:  # the controller's view and filter (wrapper-less jobs excluded, sizes from the store)
+        live = live_slurm(policy, run_dir, store, key, costs)
+        state = live.state
+        opts = dataclasses.replace(opts, movable=live.options.movable, excluded_by=live.options.excluded_by)
+        plan_anyway = plan_anyway or live.plan_anyway
+        file = Path("slurm:" + os.environ.get("SLURM_CONF", "(default)"))
+    else:
+        state = load_snapshot(file)
     if all_pending:
         _plan_all(state, file, opts, k, plan_anyway, explain, json_out)
         return

@@ -70,7 +70,7 @@ class Controller:
                  enrich: Callable[[ClusterState], ClusterState] | None = None,
                  request_file: Path | None = None,
                  can_checkpoint: Callable[[Workload], bool] | None = None,
-                 costs: CostModel | None = None) -> None:
+                 costs: CostModel | None = None, plan_anyway: bool = False) -> None:
         if executor is None and not dry_run:
             raise ValueError("a controller that acts needs an executor")
         self.engine = engine
@@ -82,6 +82,7 @@ class Controller:
         self.enrich = enrich
         self.request_file = request_file
         self.can_checkpoint = can_checkpoint  # e.g. "runs under the wrapper": only such jobs can be moved
+        self.plan_anyway = plan_anyway  # `--plan-anyway`: move even for a job a hold or a limit keeps waiting
         self.inputs = PlanInputs(policy, costs or CostModel())  # the same PlanOptions builder as `plan`
         self._requested = False
         self._last_cron: float | None = None
@@ -108,9 +109,7 @@ class Controller:
             for m in self.executor.tick():
                 decisions.append(Decision("progress", f"migration {m.id} of {m.workload_id}: {m.state.value}",
                                           {"migration": m.id, "state": m.state.value, "why": m.reason}))
-        state = self.engine.observe()
-        if self.enrich is not None:
-            state = self.enrich(state)
+        state = self.observe()
         now = self.clock()
         self._carry(state, decisions)
         targets = self.triggers(state, now, decisions) if plan_new else []
@@ -257,6 +256,11 @@ class Controller:
                 decisions.append(Decision("plan-waiting", f"{op.name}: {k} of {len(op.moves)} move(s) started; "
                                           f"next {why_not}", {"workload": op.for_workload, "plan": pid}))
 
+    def observe(self) -> ClusterState:
+        """The cluster as this controller plans on it: the engine's observation, enriched (checkpoint sizes)."""
+        state = self.engine.observe()
+        return self.enrich(state) if self.enrich is not None else state
+
     def _in_flight_for(self) -> set[str]:
         if self.executor is None:
             return set()
@@ -276,7 +280,8 @@ class Controller:
         cron = tr.cron_due(self._last_cron, now)
         if tr.cron is not None:
             self._last_cron = now if self._last_cron is None or cron else self._last_cron
-        ctx = TriggerContext(state, now, self.policy, requested=requested, cron_due=cron)
+        ctx = TriggerContext(state, now, self.policy, requested=requested, cron_due=cron,
+                             plan_anyway=self.plan_anyway)
         targets = evaluate(ctx)
         decisions.extend(Decision(kind, reason, detail) for kind, reason, detail in ctx.notes)
         return targets
@@ -292,17 +297,21 @@ class Controller:
         """The shared builder's options (policy, costs, compatibility rule), minus busy and wrapper-less jobs."""
         can = self.can_checkpoint
 
-        def movable(w: Workload) -> bool:
-            return w.id not in busy and (can is None or can(w))
+        def exclude(w: Workload) -> str | None:  # named, so "nothing may move" says which filter and how many
+            if w.id in busy:
+                return "already moving"
+            if can is not None and not can(w):
+                return "not running under `gpudefrag run` (no wrapper to checkpoint it)"
+            return None
 
-        return plan_options(self.inputs, movable=movable)
+        return plan_options(self.inputs, exclude=exclude)
 
     def decide(self, state: ClusterState, t: Target, busy: set[str]) -> Choice:
         """The one decision for a target. A pending workload is planned for only when fragmentation alone keeps
         it waiting; a cron / threshold / explicit request to free a whole node is planned for as asked."""
         opts = self.options(busy)
         if t.workload_id is not None and t.workload_id in state.workload_index:
-            return decide(state, state.workload(t.workload_id), opts)
+            return decide(state, state.workload(t.workload_id), opts, plan_anyway=t.plan_anyway)
         return decide(state, t.request, opts, plan_anyway=True)
 
 

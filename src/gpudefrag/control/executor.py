@@ -20,11 +20,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
+from ..core.fragmentation import fits_mask
 from ..engines.base import Engine, EngineError, JobPhase
 from ..jobside.messages import CkptState, RunPhase, Ticket
 from .agent import Agent
 from .journal import Journal, Migration
 from .journal import MigrationState as S
+
+MAX_ROLLBACK_TRIES = 3  # rollbacks that each found a node with room and ran out of time: then any node
+TAKEN_GRACE_S = 5.0  # a requeued job's node may still look busy this long after its release
+
+
+def once_deadline_s(config: ExecutorConfig) -> float:
+    """The longest a migration can stay in flight when every step runs into its timeout: the checkpoint, the
+    restore on the target, each rollback try and the final wait queued for any node (plus slack for Slurm's own
+    requeue passes). `controller --once` never waits longer."""
+    return config.checkpoint_timeout_s + (MAX_ROLLBACK_TRIES + 2) * config.restore_timeout_s + 120.0
 
 
 class MoveLike(Protocol):
@@ -257,7 +270,7 @@ class Executor(BudgetedExecutor):
             if job.phase is JobPhase.COMPLETING:
                 return None
             if job.phase is JobPhase.HELD:
-                return self._go(m, S.PINNED, f"held; pinning to {m.dest}")
+                return self._go(m, S.PINNED, f"held; pinning to {m.dest}" if m.dest else "held; any node")
             return self._go(m, S.ABORTED, reason=f"the job {job.phase.value} during the move")
 
         if m.state is S.PINNED:
@@ -266,12 +279,12 @@ class Executor(BudgetedExecutor):
                                 reason=f"target {m.target} drained during the move")
             if m.dest:
                 self.engine.pin(w, [m.dest])
-            else:  # rolling back and the source is taken: anywhere but the target
-                self.engine.pin(w, [], exclude=[m.target])
+            else:  # rolling back and no node has room: no node named, nothing excluded, any node may take it
+                self.engine.pin(w, [], exclude=[])
             t = m.data.get("ticket") or {}
             self.agent.set_ticket(w, Ticket(t.get("id", f"{req}.0"), t.get("ckpt_id"), t.get("reason", ""),
                                             m.data.get("compat")))
-            return self._go(m, S.RELEASED, f"releasing onto {m.dest}")
+            return self._go(m, S.RELEASED, f"releasing onto {m.dest}" if m.dest else "releasing to any node")
 
         if m.state is S.RELEASED:
             job = self.engine.job(w)
@@ -279,7 +292,7 @@ class Executor(BudgetedExecutor):
                 self.engine.release(w)
                 return None
             if job.phase in (JobPhase.PENDING, JobPhase.RUNNING):
-                return self._go(m, S.RESTORING, f"waiting for the job to start on {m.dest}")
+                return self._go(m, S.RESTORING, f"waiting for the job to start on {m.dest or 'any node'}")
             if job.phase is JobPhase.COMPLETING:
                 return None
             return self._go(m, S.ABORTED, reason=f"the job {job.phase.value} during the move")
@@ -294,43 +307,69 @@ class Executor(BudgetedExecutor):
             t = m.data.get("ticket") or {}
             n = int(str(t.get("id", f"{req}.0")).rsplit(".", 1)[-1]) + 1
             ckpt = m.data.get("ckpt_id")
-            dest = m.source if self._has_room(m) else ""
-            where = f"back to {m.source}" if dest else f"{m.source} is taken: anywhere but {m.target}"
-            return self._go(m, S.REQUEUED_HELD, where, dest=dest,
+            dest, where = self._rollback_dest(m)
+            return self._go(m, S.REQUEUED_HELD, where, dest=dest, rollback=int(m.data.get("rollback", 0)) + 1,
                             ticket={"id": f"{req}.{n}", "ckpt_id": ckpt,
                                     "reason": f"rollback: {m.reason}" if m.reason else "rollback"})
         return None
 
-    def _has_room(self, m: Migration) -> bool:
-        """Can the workload go back to its source (enough whole GPUs free there, node schedulable)?"""
+    def _rollback_dest(self, m: Migration) -> tuple[str, str]:
+        """Where a rollback sends the job, from a fresh look at the cluster: its source if it has room (or the
+        job still holds it), else the target or any other schedulable node with room now, else "" — no node
+        named, the job queued where any node can take it. After `MAX_ROLLBACK_TRIES` tries that each ran out
+        of time, always "": a node someone else keeps taking is not chased."""
+        if int(m.data.get("rollback", 0)) >= MAX_ROLLBACK_TRIES:
+            return "", f"queued for any node (no node took it after {MAX_ROLLBACK_TRIES} rollback tries)"
         state = self.engine.observe()
-        if m.source not in state.node_index or not state.node(m.source).schedulable:
-            return False
         if m.workload_id not in state.workload_index:
-            return False
+            return "", "queued for any node (the job is not in the queue listing)"
         w = state.workload(m.workload_id)
         if w.is_running and m.source in w.nodes():
-            return True
-        return len(state.free_gpus_on(m.source)) >= w.request.gpus_per_node
+            return m.source, f"back to {m.source}"
+        room = [state.nodes[i].name for i in np.flatnonzero(fits_mask(state, w.request))]
+        for node in (m.source, m.target, *room):
+            if node in room:
+                label = "back to" if node == m.source else f"{m.source} is taken: to"
+                return node, f"{label} {node}, which has room now"
+        return "", f"no node has room for it now ({m.source} is taken): queued for any node"
+
+    def _room_on(self, workload_id: str, node: str) -> bool:
+        """Does the (pending) job fit on `node` now, by the one capacity rule?"""
+        state = self.engine.observe()
+        if workload_id not in state.workload_index or node not in state.node_index:
+            return False
+        ok = fits_mask(state, state.workload(workload_id).request)
+        return bool(ok[state.node_index[node]])
 
     def _restoring(self, m: Migration) -> Migration | None:
         w = m.workload_id
         job = self.engine.job(w)
         ticket = m.data.get("ticket") or {}
         if job.phase in (JobPhase.PENDING, JobPhase.HELD):
+            if (m.data.get("rollback") and m.dest and self._since(m) > TAKEN_GRACE_S
+                    and not self._room_on(w, m.dest)):
+                # rolling back to a node someone else took meanwhile: choose again now, not after the timeout
+                self.engine.hold(w)
+                return self._go(m, S.ROLLING_BACK, f"{m.dest} was taken meanwhile", reason=m.reason)
             if m.dest == m.target and not self.engine.node(m.target).schedulable:
                 self.engine.hold(w)
                 return self._go(m, S.ROLLING_BACK, f"target {m.target} became unschedulable",
                                 reason=f"target {m.target} drained during the move")
             if job.phase is JobPhase.HELD:  # someone held it again: our step is to release
                 self.engine.release(w)
-            if self._since(m) > self.config.restore_timeout_s and m.dest:
-                # not started in time where it was sent (the target, or a source someone else took meanwhile):
-                # back to the source if it has room, else anywhere but the target
+            if self._since(m) > self.config.restore_timeout_s:
+                if not m.dest:  # queued for any node: Slurm starts it when one has room, the ticket restores it
+                    t = ticket.get("ckpt_id") or "its newest verified checkpoint"
+                    return self._go(m, S.ROLLED_BACK, "left queued for any node",
+                                    reason=f"{m.reason}; no node had room within {self.config.restore_timeout_s:g} "
+                                           f"s: left queued for any node, it restores {t} when it starts"
+                                           .lstrip("; "))
+                # not started in time where it was sent (the target, or a node someone else took meanwhile):
+                # re-read the cluster and send it where there is room (or leave it queued for any node)
                 self.engine.hold(w)
                 return self._go(m, S.ROLLING_BACK, "not started in time",
-                                reason=f"the job did not start on {m.dest} within "
-                                       f"{self.config.restore_timeout_s:g} s")
+                                reason=m.reason if m.data.get("rollback") else
+                                f"the job did not start on {m.dest} within {self.config.restore_timeout_s:g} s")
             return None
         if job.phase is JobPhase.RUNNING:
             rs = self.agent.run_status(w)
@@ -338,7 +377,7 @@ class Executor(BudgetedExecutor):
                 return None
             where = job.node or rs.node
             if rs.phase is RunPhase.RESTORED:
-                if m.dest != m.target:
+                if m.data.get("rollback") or m.dest != m.target:
                     return self._go(m, S.ROLLED_BACK, f"restored {rs.ckpt_id} on {where}",
                                     reason=f"{m.reason}; restored on {where} from {rs.ckpt_id}".lstrip("; "))
                 return self._go(m, S.RUNNING_ON_TARGET, f"restored {rs.ckpt_id} on {where}")

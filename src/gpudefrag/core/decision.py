@@ -132,8 +132,9 @@ def decide(
     alternatives, the cheapest chosen. `diagnosis` may be passed when the caller has it already; `plan=False`
     stops after the diagnosis."""
     opts = options or PlanOptions()
-    if diagnosis is None:
-        diagnosis = diagnose(state, target) if isinstance(target, Workload) else diagnose_request(state, target)
+    if diagnosis is None:  # evidence counts only what the planner may move (its filter)
+        diagnosis = (diagnose(state, target, movable=opts.movable) if isinstance(target, Workload)
+                     else diagnose_request(state, target, movable=opts.movable))
     request = target.request if isinstance(target, Workload) else target
     if not plan or not should_plan(diagnosis, plan_anyway):
         return Decision(diagnosis, None)
@@ -150,6 +151,10 @@ def _planned(state: ClusterState, target: Workload | Request, request: Request, 
     if isinstance(target, Workload):
         plan = dataclasses.replace(plan, workload_id=target.id)
     planned_anyway = bool(diagnosis.blocking)
+    if not plan.feasible:
+        excluded = exclusions(state, opts)
+        if excluded:  # say which filter kept how many jobs from moving
+            plan = dataclasses.replace(plan, reason=f"{plan.reason}; {excluded}")
     if not plan.feasible or not plan.moves:
         return Decision(diagnosis, plan, (), "none", planned_anyway)
     moved = [state.workload(m.workload_id) for m in plan.moves]
@@ -160,12 +165,34 @@ def _planned(state: ClusterState, target: Workload | Request, request: Request, 
     return Decision(diagnosis, plan, options_, chosen, planned_anyway)
 
 
+def exclusions(state: ClusterState, opts: PlanOptions) -> str:
+    """Which of the running jobs may not move, and why, counted: "0 of 5 running jobs may move (excluded: 5 by
+    filter.max_priority <= 10000)"; "" when every running job may move."""
+    why: dict[str, int] = {}
+    running = state.running
+    for w in running:
+        if w.is_multi_node:
+            reason: str | None = "multi-node (never moved)"
+        elif not w.can_move:
+            reason = "marked not movable"
+        elif opts.movable is not None and not opts.movable(w):
+            reason = (opts.excluded_by(w) if opts.excluded_by is not None else None) or "the policy filter"
+        else:
+            reason = None
+        if reason is not None:
+            why[reason] = why.get(reason, 0) + 1
+    if not why:
+        return ""
+    parts = ", ".join(f"{n} by {r}" for r, n in sorted(why.items(), key=lambda x: (-x[1], x[0])))
+    return f"{len(running) - sum(why.values())} of {len(running)} running jobs may move (excluded: {parts})"
+
+
 def decide_all(state: ClusterState, ids: Iterable[str] | None = None, options: PlanOptions | None = None, *,
                plan: bool = True, plan_anyway: bool = False) -> list[Decision]:
     """Decisions for every pending GPU workload (or those named), oldest first; `plan=False` stops after the
     diagnosis (what `gpudefrag diagnose` shows), sharing one diagnosis context over all of them."""
     out = []
-    for d in diagnose_all(state, ids):
+    for d in diagnose_all(state, ids, movable=options.movable if options is not None else None):
         if not plan:
             out.append(Decision(d, None))
             continue

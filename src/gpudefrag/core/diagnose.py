@@ -29,7 +29,7 @@ from .fragmentation import (
     whole_free_counts,
 )
 from .model import MILLI, ClusterState, Request, Workload, same_mig_profile
-from .scheduler_reasons import ReasonClass, classify
+from .scheduler_reasons import SLURM_LIMITS, ReasonClass, classify, guess_scheduler, slurm_limit
 
 
 class CauseCode(StrEnum):
@@ -146,8 +146,9 @@ class Facts:
     """What the checks read about one request on one state: masks computed once, on first use."""
 
     def __init__(self, state: ClusterState, r: Request, ctx: _Context, namespace: str | None,
-                 scheduler_reason: str) -> None:
+                 scheduler_reason: str, movable: Callable[[Workload], bool] | None = None) -> None:
         self.state = state
+        self.movable = movable  # the planner's filter: evidence counts only the jobs it may move
         self.r = r
         self.ctx = ctx
         self.namespace = namespace
@@ -224,8 +225,16 @@ def _scheduler_says(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
                       "or a begin time; no move can start it",
                       {"scheduler_reason": f.scheduler_reason, "source": "scheduler"}),)
     if cls is ReasonClass.ORDINARY and code is not None:
+        slurm = (f.state.scheduler or guess_scheduler(f.scheduler_reason)) == "slurm"
+        limit = slurm_limit(f.scheduler_reason) if slurm else None
+        evidence: dict[str, object] = {"scheduler_reason": f.scheduler_reason, "source": "scheduler"}
+        if limit is not None:  # name the limit: PartitionTimeLimit, QOSMaxGRESPerUser...
+            evidence["limit"] = limit
+            what = SLURM_LIMITS.get(limit, "a Slurm limit")
+            return (Cause(CauseCode(code), f"the scheduler says {f.scheduler_reason}: the {limit} limit holds it "
+                          f"back ({what}), not the free GPUs", evidence),)
         return (Cause(CauseCode(code), f"the scheduler says {f.scheduler_reason}: {_SCHED_TEXT.get(code, code)}",
-                      {"scheduler_reason": f.scheduler_reason, "source": "scheduler"}),)
+                      evidence),)
     return ()
 
 
@@ -492,15 +501,19 @@ def _fragmentation_cause(f: Facts, free_total: int, share_total: int, other_caus
     best_name = state.nodes[best].name
     # How many single-node jobs would have to leave each candidate node for the request to fit there: GPUs,
     # and the CPU and memory the request also needs there (ignoring where they go: the planner checks that).
-    # Largest jobs first, so the count is a set that suffices, not always the fewest. Workloads that may not
-    # move are not counted.
+    # Largest jobs first, so the count is a set that suffices, not always the fewest. Workloads the planner may
+    # not move (marked immovable, multi-node, outside the caller's filter) are not counted: the evidence says
+    # only what the planner could do.
+    may_move = f.movable
     moves_needed: list[tuple[int, str]] = []
     cpu_free, mem_free = state.cpu_free, state.mem_free
     for i in np.flatnonzero(usable_here & ~fits):
         n = state.nodes[i]
         movable = sorted(
             ((len(p.gpus), w.request.cpu_milli, w.request.memory_mib)
-             for w in state.workloads_on[n.name] if w.can_move for p in w.placements if p.node == n.name),
+             for w in state.workloads_on[n.name]
+             if w.can_move and not w.is_multi_node and (may_move is None or may_move(w))
+             for p in w.placements if p.node == n.name),
             reverse=True,
         )
         need = (r.gpus_per_node - int(whole[i]) if r.gpu_milli >= MILLI else 0,
@@ -536,7 +549,7 @@ def _fragmentation_cause(f: Facts, free_total: int, share_total: int, other_caus
         tail = (f"; {len(at_min)} node(s) would each fit it by moving {k_min} job(s) "
                 f"(e.g. {', '.join(at_min[:3])})")
     else:
-        tail = "; no node can be cleared by moving single-node jobs"
+        tail = "; no node can be cleared by moving the jobs the planner may move"
     if partial:
         evidence["partial_gpus"] = True
         head = (f"{_gpus(share_total)} GPUs of share free, but spread as fractions over {int(frac.sum())} partly used "
@@ -550,8 +563,10 @@ def _fragmentation_cause(f: Facts, free_total: int, share_total: int, other_caus
 
 
 # ---------------------------------------------------------------------------------------------- entry points
-def diagnose(state: ClusterState, workload: Workload, *, _ctx: _Context | None = None) -> Diagnosis:
-    """Diagnose one pending workload."""
+def diagnose(state: ClusterState, workload: Workload, *, _ctx: _Context | None = None,
+             movable: Callable[[Workload], bool] | None = None) -> Diagnosis:
+    """Diagnose one pending workload; `movable`: the planner's filter, so the evidence names only nodes the
+    planner could clear."""
     return diagnose_request(
         state,
         workload.request,
@@ -559,10 +574,12 @@ def diagnose(state: ClusterState, workload: Workload, *, _ctx: _Context | None =
         workload_id=workload.id,
         scheduler_reason=workload.scheduler_reason,
         _ctx=_ctx,
+        movable=movable,
     )
 
 
-def diagnose_all(state: ClusterState, ids: Iterable[str] | None = None) -> list[Diagnosis]:
+def diagnose_all(state: ClusterState, ids: Iterable[str] | None = None, *,
+                 movable: Callable[[Workload], bool] | None = None) -> list[Diagnosis]:
     """Diagnose every pending workload with a GPU request (or those named), oldest first."""
     ctx = _Context(state)
     wanted = set(ids) if ids is not None else None
@@ -572,7 +589,7 @@ def diagnose_all(state: ClusterState, ids: Iterable[str] | None = None) -> list[
             continue
         if w.request.gpus_per_node == 0 and w.request.mig_profile is None:
             continue
-        out.append(diagnose(state, w, _ctx=ctx))
+        out.append(diagnose(state, w, _ctx=ctx, movable=movable))
     return out
 
 
@@ -584,9 +601,10 @@ def diagnose_request(
     workload_id: str | None = None,
     scheduler_reason: str = "",
     _ctx: _Context | None = None,
+    movable: Callable[[Workload], bool] | None = None,
 ) -> Diagnosis:
     """Run every registered check in order; the causes come out sorted by code (ordinary first)."""
-    facts = Facts(state, r, _ctx or _Context(state), namespace, scheduler_reason)
+    facts = Facts(state, r, _ctx or _Context(state), namespace, scheduler_reason, movable)
     causes: list[Cause] = []
     for _code, check in CAUSE_CHECKS:
         causes.extend(check(facts, causes))

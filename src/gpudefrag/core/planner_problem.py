@@ -124,7 +124,8 @@ class Problem:
         elif w.labels.get(RESERVATION_LABEL) == "true":
             reason = "room reserved for an earlier pending request"
         elif self.opts.movable is not None and not self.opts.movable(w):
-            reason = "excluded by the policy filter"
+            why = self.opts.excluded_by(w) if self.opts.excluded_by is not None else None
+            reason = f"excluded by {why}" if why else "excluded by the policy filter"
         self._movable[wi] = reason
         return reason
 

@@ -32,6 +32,9 @@ class PlanOptions:
     candidate_limit: int = 64
     exact_max_vars: int = 150_000
     workers: int = 2  # CP-SAT search workers
+    # why `movable` rejects a workload ("filter.max_priority <= 10000", "not running under `gpudefrag run`"), so
+    # that a plan that finds nothing to move says which filter excluded how many jobs; None: "the policy filter"
+    excluded_by: Callable[[Workload], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.max_moves < 0 or self.max_moves_per_node < 0:

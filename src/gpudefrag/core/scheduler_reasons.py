@@ -44,7 +44,6 @@ SLURM_ORDINARY: dict[str, str] = {
     "PartitionNodeLimit": TOO_LARGE,
     "PartitionConfig": TOO_LARGE,
     "InvalidNodeName": SELECTORS,
-    "PartitionTimeLimit": SELECTORS,
     "AccountNotAllowed": SELECTORS,
     "QOSNotAllowed": SELECTORS,
     "PowerDown": AUTOSCALER,
@@ -58,6 +57,28 @@ KUBE_RULES: tuple[tuple[re.Pattern[str], ReasonClass, str | None], ...] = (
 )
 
 _SLURM_TOKEN = re.compile(r"^[A-Z][A-Za-z]*(,.*)?$")
+
+
+# What a Slurm limit reason means, named in the diagnosis (every `*Limit` reason is a quota/limit cause; these are
+# the ones an admin meets most, the rest are named by their token alone).
+SLURM_LIMITS: dict[str, str] = {
+    "PartitionTimeLimit": "the job's time limit is longer than the partition's MaxTime",
+    "PartitionNodeLimit": "the job asks for more nodes than the partition allows",
+    "AssocGrpGRES": "the association's group GRES (GPU) limit is reached",
+    "AssocMaxJobsLimit": "the association's maximum number of running jobs is reached",
+    "QOSMaxGRESPerUser": "the QOS limit on GPUs per user is reached",
+    "QOSGrpGRES": "the QOS group GRES (GPU) limit is reached",
+}
+
+
+def slurm_limit(reason: str) -> str | None:
+    """The limit a Slurm reason names (`PartitionTimeLimit`, `QOSMaxGRESPerUser`...), or None for a reason that
+    is not a limit."""
+    head = reason.split(",", 1)[0].strip()
+    cls, code = classify_slurm(head)
+    if cls is not ReasonClass.ORDINARY or code != QUOTA:
+        return None
+    return head
 
 
 def guess_scheduler(reason: str) -> str:

@@ -71,6 +71,9 @@ class Trigger(_Strict):
     fragmentation_above: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     cron: str | None = None
     on_request: bool = True  # `gpudefrag controller request` / the HTTP API may start a cycle
+    # move jobs even for a pending job an ordinary cause keeps waiting (held, a limit, a quota): moves that cannot
+    # start it. Never the default; `controller --plan-anyway` asks the same for one run
+    plan_anyway: bool = False
 
     @field_validator("cron")
     @classmethod
@@ -109,28 +112,35 @@ class Filter(_Strict):
 
     def matches(self, w: Workload) -> bool:
         """May this workload be moved under this policy?"""
+        return self.why_not(w) is None
+
+    def why_not(self, w: Workload) -> str | None:
+        """None when the workload passes, else the first field that excludes it, named as in the policy file
+        (`filter.max_priority <= 10000`), so that "nothing may move" can say which filter excluded how many."""
         if self.single_node_only and w.is_multi_node:
-            return False
+            return "filter.single_node_only"
         if self.partitions and (w.request.partition or "") not in self.partitions:
-            return False
+            return f"filter.partitions {self.partitions}"
         if self.users and w.user not in self.users:
-            return False
+            return f"filter.users {self.users}"
         if self.accounts and w.namespace not in self.accounts:
-            return False
+            return f"filter.accounts {self.accounts}"
         if self.names and not any(fnmatch.fnmatchcase(w.name, p) for p in self.names):
-            return False
+            return f"filter.names {self.names}"
         comment = w.labels.get("slurm.comment", "")
         if self.comments and not any(fnmatch.fnmatchcase(comment, p) for p in self.comments):
-            return False
+            return f"filter.comments {self.comments}"
         if any(w.labels.get(k) != v for k, v in self.labels.items()):
-            return False
+            return f"filter.labels {self.labels}"
         if any(w.labels.get(k) == v for k, v in self.exclude_labels.items()):
-            return False
+            return f"filter.exclude_labels {self.exclude_labels}"
         if self.max_priority is not None and w.priority > self.max_priority:
-            return False
+            return f"filter.max_priority <= {self.max_priority}"
         if self.max_gpus is not None and w.request.gpus_total > self.max_gpus:
-            return False
-        return not (self.max_checkpoint_size is not None and w.checkpoint_bytes > self.max_checkpoint_size)
+            return f"filter.max_gpus <= {self.max_gpus}"
+        if self.max_checkpoint_size is not None and w.checkpoint_bytes > self.max_checkpoint_size:
+            return f"filter.max_checkpoint_size <= {self.max_checkpoint_size} bytes"
+        return None
 
 
 class Heartbeat(_Strict):

@@ -49,18 +49,28 @@ def load_inputs(policy: str | os.PathLike[str] | None = None,
 
 
 def plan_options(inputs: PlanInputs | None = None, *, movable: Callable[[Workload], bool] | None = None,
-                 use_filter: bool = True, **overrides: Any) -> PlanOptions:
+                 exclude: Callable[[Workload], str | None] | None = None, use_filter: bool = True,
+                 **overrides: Any) -> PlanOptions:
     """PlanOptions from the inputs: the policy's move budget, planner time limit, filter and compatibility rule,
-    the cost model; `movable` narrows the filter further (busy jobs, jobs without a wrapper); `overrides` are
+    the cost model; `movable` narrows the filter further, and `exclude` too, saying why (busy jobs, jobs without
+    a wrapper): the options name the filter field or reason that excludes each workload; `overrides` are
     PlanOptions fields set explicitly (None values are ignored). Every workload's own `movable` flag is
     honoured by `core.decision`, whatever the filter."""
     inp = inputs or PlanInputs(Policy(), CostModel())
     pol = inp.policy
     flt = pol.filter if use_filter else None
 
+    def excluded_by(w: Workload) -> str | None:
+        why = flt.why_not(w) if flt is not None else None
+        if why is None and exclude is not None:
+            why = exclude(w)
+        if why is None and movable is not None and not movable(w):
+            why = "the caller's filter"
+        return why
+
     def allowed(w: Workload) -> bool:
-        return (flt is None or flt.matches(w)) and (movable is None or movable(w))
+        return excluded_by(w) is None
 
     opts = PlanOptions(max_moves=pol.budgets.max_moves_per_plan, time_limit_s=pol.planner_time_limit_s,
-                       movable=allowed, cost_model=inp.costs, compat=inp.compat)
+                       movable=allowed, cost_model=inp.costs, compat=inp.compat, excluded_by=excluded_by)
     return dataclasses.replace(opts, **{k: v for k, v in overrides.items() if v is not None})

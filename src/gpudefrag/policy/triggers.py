@@ -25,6 +25,7 @@ class Target:
     why: str
     request: Request
     workload_id: str | None = None
+    plan_anyway: bool = False  # plan although an ordinary cause blocks the job (asked in so many words)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class TriggerContext:
     policy: Policy
     requested: bool = False  # an explicit request (CLI / API) arrived since the last cycle
     cron_due: bool = False  # the cron schedule fired since the last cycle
+    plan_anyway: bool = False  # asked in so many words (`--plan-anyway`): move even for a job a hold/limit blocks
     notes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (kind, reason, detail)
     _frag: float | None = None
 
@@ -49,6 +51,40 @@ class TriggerContext:
 
     def whole_node(self) -> Request:
         return Request(gpus_per_node=max(self.state.max_gpus, 1))
+
+    @property
+    def anyway(self) -> bool:
+        """Plan even for jobs an ordinary cause blocks: only when asked in so many words (CLI or policy)."""
+        return self.plan_anyway or self.policy.trigger.plan_anyway
+
+    def blocked_pending(self) -> list[str]:
+        """When every pending GPU job is kept waiting by an ordinary cause (held, a limit, a quota), those jobs
+        with their first cause ("5 (not-eligible: JobHeldAdmin)"): freeing a whole node would be done for
+        them and start none. Empty when no job is pending or some pending job is not blocked."""
+        ids = [w.id for w in self.state.pending if w.request.gpus_per_node > 0 or w.request.mig_profile is not None]
+        if not ids:
+            return []
+        out = []
+        for c in decide_all(self.state, ids, plan=False):
+            if not c.blocked_by:
+                return []
+            first = c.blocked_by[0]
+            why = str(first.evidence.get("scheduler_reason") or first.summary)
+            out.append(f"{c.workload_id} ({first.code.value}: {why})")
+        return out
+
+    def refuse_blocked(self, why: str) -> bool:
+        """True (with a note) when a whole-node trigger must not move jobs: every pending job is blocked by an
+        ordinary cause and nobody asked to plan anyway."""
+        if self.anyway:
+            return False
+        blocked = self.blocked_pending()
+        if not blocked:
+            return False
+        self.note("skip", f"{why}, but every pending GPU job is kept waiting by an ordinary cause: "
+                  f"{', '.join(blocked[:5])}; moving jobs would start none of them, so nothing moves "
+                  "(--plan-anyway or trigger.plan_anyway: true moves them anyway)", blocked=blocked)
+        return True
 
 
 TriggerFn = Callable[[TriggerContext, list[Target]], list[Target]]
@@ -98,6 +134,13 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
             d = c.diagnosis
             if d.workload_id is None:
                 continue
+            if not d.is_fragmentation and c.blocked_by and ctx.anyway and len(out) < limit:
+                w = ctx.state.workload(d.workload_id)
+                out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, blocked by "
+                                  f"{', '.join(x.code.value for x in c.blocked_by)}: planned anyway, as asked",
+                                  w.request, w.id, plan_anyway=True))
+                ctx.note("trigger", out[-1].why, workload=w.id)
+                continue
             if not d.is_fragmentation:
                 if c.blocked_by:
                     ctx.note("skip", f"{d.workload_id}: {c.reason}", workload=d.workload_id,
@@ -124,6 +167,8 @@ def cron_or_request(ctx: TriggerContext, found: list[Target]) -> list[Target]:
     if tr.fragmentation_above is not None and ctx.fragmentation <= tr.fragmentation_above:
         ctx.note("skip", f"{why}, but fragmentation {ctx.fragmentation:.2f} <= {tr.fragmentation_above:.2f}")
         return []
+    if ctx.refuse_blocked(why):
+        return []
     t = Target(f"{why}: free a whole node", ctx.whole_node())
     ctx.note("trigger", t.why)
     return [t]
@@ -138,6 +183,8 @@ def fragmentation_above(ctx: TriggerContext, found: list[Target]) -> list[Target
     if ctx.cron_due or (ctx.requested and tr.on_request):  # the scheduled trigger decided already
         return []
     if ctx.fragmentation <= tr.fragmentation_above:
+        return []
+    if ctx.refuse_blocked(f"fragmentation {ctx.fragmentation:.2f} above {tr.fragmentation_above:.2f}"):
         return []
     t = Target(f"fragmentation {ctx.fragmentation:.2f} above {tr.fragmentation_above:.2f}: free a whole node",
                ctx.whole_node())
