@@ -246,9 +246,7 @@ class Wrapper:
             why = str(ticket.get("reason") or "")
             ckpt = ticket.get("ckpt_id")
             rule = self.ticket_rule(ticket)
-            if ckpt is None:
-                latest = self.store.latest(self.cfg.workload_id)
-                ckpt = latest.id if latest is not None else None
+            skipped: list[str] = []  # "id: why" for each checkpoint refused, in the order tried
             if ckpt is not None:
                 err = self._restore(str(ckpt), rule)
                 if err is None:
@@ -256,24 +254,63 @@ class Wrapper:
                     self.status(RunPhase.RESTORED, ticket_id=tid, ckpt_id=ckpt)
                     self._log(f"restored {ckpt} (pid {self.pid})")
                     return
-                why = f"{why}; restore of {ckpt} refused: {err}".lstrip("; ")
-            else:
-                why = f"{why}; no verified checkpoint to restore".lstrip("; ")
+                skipped.append(f"{ckpt}: {err}")
+                self._log(f"restore of {ckpt} refused: {err}; falling back to the newest verified checkpoint")
+            got = self._restore_newest(rule, skipped, exclude=str(ckpt) if ckpt is not None else None)
+            if got is not None:
+                note = self._fallback_note(got, skipped, "the move's checkpoint" if ckpt is not None else "")
+                self._mark_handled(tid)
+                self.status(RunPhase.RESTORED, ticket_id=tid, ckpt_id=got, reason=note, skipped=skipped)
+                self._log(f"restored {got} (pid {self.pid}): {note}")
+                return
+            why = f"{why}; " + ("; ".join(f"restore of {x} refused" for x in skipped) if skipped
+                                else "no verified checkpoint to restore")
+            why = why.lstrip("; ")
             self._fresh()
             self._mark_handled(tid)
-            self.status(RunPhase.COLD_STARTED, ticket_id=tid, reason=why)
+            self.status(RunPhase.COLD_STARTED, ticket_id=tid, reason=why, skipped=skipped)
             self._log(f"cold start: {why}")
             return
         if self.cfg.restarts > 0:  # requeued by Slurm itself (node failure, admin requeue): newest good state
-            latest = self.store.latest(self.cfg.workload_id)
-            if latest is not None and self._restore(latest.id) is None:
-                self.status(RunPhase.RESTORED, ckpt_id=latest.id, reason="requeued: newest verified checkpoint")
+            skipped = []
+            got = self._restore_newest(None, skipped)
+            if got is not None:
+                note = self._fallback_note(got, skipped, "")
+                self.status(RunPhase.RESTORED, ckpt_id=got, reason=f"requeued: {note}", skipped=skipped)
+                self._log(f"restored {got} (pid {self.pid}): requeued: {note}")
                 return
             self._fresh()
-            self.status(RunPhase.COLD_STARTED, reason="requeued without a usable checkpoint")
+            why = "requeued without a usable checkpoint" + (f" ({'; '.join(skipped)})" if skipped else "")
+            self.status(RunPhase.COLD_STARTED, reason=why, skipped=skipped)
+            self._log(f"cold start: {why}")
             return
         self._fresh()
         self.status(RunPhase.FRESH)
+
+    def _restore_newest(self, rule: CompatRule | None, skipped: list[str], *, exclude: str | None = None) -> str | None:
+        """Restore the newest of this workload's checkpoints that verifies (signature, every hash, compatibility),
+        newest first; each one refused is logged with why (to the job's output) and added to `skipped`, so the
+        fallback is never silent. The id restored, or None."""
+        for row in self.store.list(self.cfg.workload_id):
+            cid = str(row["id"])
+            if cid == exclude or row.get("workload_id") != self.cfg.workload_id:
+                continue
+            err = self._restore(cid, rule) if row.get("signed") else "bad-signature: the manifest is not signed by "\
+                "this store's key"
+            if err is None:
+                return cid
+            skipped.append(f"{cid}: {err}")
+            self._log(f"skipped checkpoint {cid}: {err}")
+        return None
+
+    @staticmethod
+    def _fallback_note(got: str, skipped: list[str], what: str) -> str:
+        """What the restore says when it is not the checkpoint first asked for."""
+        if not skipped:
+            return "newest verified checkpoint"
+        head = f"{what} was refused, " if what else ""
+        return (f"{head}fell back to the newest verified checkpoint {got} (skipped {'; '.join(skipped)}); "
+                "the work since it is lost")
 
     def _fresh(self) -> None:
         from .checkpoint.launch import spawn_job
@@ -326,13 +363,19 @@ class Wrapper:
         assert self.pid is not None
         try:
             manifest, _ = checkpoint_to_store(self.store, self.backend, self.pid, self.cfg.workload_id,
-                                              leave_running=not stop, keep=self.cfg.keep)
+                                              leave_running=not stop, keep=self.cfg.keep,
+                                              on_retain=self._log_retention)
         except Exception as e:  # CheckpointError, OSError (ENOSPC), ...
             code, detail = _reason_of(e)
             self._after_uncommitted(e, code, detail)
             return None, code, detail
         self.last_ckpt_at = time.time()
         return manifest.id, "ok", ""
+
+    def _log_retention(self, gc: Any) -> None:
+        """Retention removes checkpoints (old ones, and corrupt ones that never count as kept): say which, why."""
+        for line in gc.explain():
+            self._log(f"retention removed checkpoint {line}")
 
     def _after_uncommitted(self, e: BaseException, code: str, detail: str) -> None:
         """A dump that stopped the workload and was not committed: the checkpoint layer either restored it in

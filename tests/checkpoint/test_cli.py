@@ -146,3 +146,26 @@ def test_checkpoint_of_a_missing_pid_fails_cleanly(criu, store: CheckpointStore,
     r = run_cli("checkpoint", "--pid", "999999999", "--json", *_args(store))
     assert r.returncode == 2 and json.loads(r.stdout)["reason"] == "checkpoint-failed"
     assert store.ids() == [] and [e for e in store.root.iterdir() if e.name.startswith(".tmp")] == []
+
+
+def test_list_ids_stay_whole_at_80_columns_and_gc_says_why(store: CheckpointStore, run_cli) -> None:
+    """Issue 32: `checkpoints list` in an 80-column terminal keeps every id on one line (copyable), says what
+    "signed" checked; `gc` names each checkpoint it removed and why (a corrupt one: failed verification)."""
+    ids = []
+    for _ in range(3):
+        with store.create("job-with-a-rather-long-workload-name") as p:
+            (p.dir / "x.img").write_bytes(os.urandom(100))
+            ids.append(p.commit(backend="criu", mode="dump", compat=Versions()).id)
+    r = run_cli("checkpoints", "list", *_args(store), env={"COLUMNS": "80"})
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    for cid in ids:
+        assert any(cid in line for line in lines), (cid, r.stdout)
+    assert "signature" in r.stdout and "verify" in r.stdout
+    img = store.path(ids[-1]) / "x.img"  # the newest: corrupt
+    img.write_bytes(b"\0" * 100)
+    r = run_cli("checkpoints", "gc", "--keep", "1", "--json", *_args(store))
+    why = json.loads(r.stdout)["removed_why"]
+    assert "hash-mismatch" in why[ids[-1]] and "failed verification" in why[ids[-1]]
+    assert why[ids[0]] == "older than the newest 1 verified"

@@ -55,12 +55,14 @@ class Cluster:
         return p.stdout
 
     def submit(self, name: str, gpus: int, node: str | None = None, *, wrapper: bool = True,
-               extra: str = "", store: Path | None = None) -> str:
-        """A job: with `wrapper`, `gpudefrag run -- workload.py` (step counter + checksum); else `sleep`."""
+               extra: str = "", store: Path | None = None, run_args: str = "", sbatch: tuple[str, ...] = ()) -> str:
+        """A job: with `wrapper`, `gpudefrag run [run_args] -- workload.py` (step counter + checksum); else
+        `sleep`. `sbatch`: more sbatch options (`--hold`, `--time=...`)."""
         log = self.root / f"{name}.log"
         if wrapper:
             cmd = (f"export GPUDEFRAG_RUN_DIR={self.run_dir} GPUDEFRAG_STORE={store or self.store} "
-                   f"GPUDEFRAG_KEY={self.key}\nexec {GPUDEFRAG} run -- {PY} {HERE / 'workload.py'} --log {log} {extra}")
+                   f"GPUDEFRAG_KEY={self.key}\nexec {GPUDEFRAG} run {run_args} -- {PY} {HERE / 'workload.py'} "
+                   f"--log {log} {extra}")
         else:
             cmd = "trap 'echo got-usr2' USR2\nwhile true; do sleep 0.2; done"
         script = self.root / f"{name}.sh"
@@ -69,6 +71,7 @@ class Cluster:
                 "-o", str(self.root / f"{name}.out"), "-D", str(self.root)]
         if node:
             args += ["-w", node]
+        args += list(sbatch)
         return self.sh(*args, str(script)).strip().split(";")[0]
 
     def job_state(self, jid: str) -> tuple[str, str]:

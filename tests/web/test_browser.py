@@ -92,6 +92,10 @@ def test_demo_map_plan_and_apply(page: Any, live_server: LiveServer) -> None:
                      for i in range(hist.count()))
     assert applied == shown  # exactly the moves the preview showed
     assert page.locator("#map .cell.owned").count() == owned  # moved, not evicted
+    page.set_viewport_size({"width": 640, "height": 900})  # issue 32: the history keeps to a narrow page
+    assert page.evaluate("() => { const t = document.querySelector('#history'); "
+                         "return t.getBoundingClientRect().right <= document.documentElement.clientWidth + 1; }")
+    page.set_viewport_size({"width": 1280, "height": 900})
     page.screenshot(path=str(ARTIFACTS / "dashboard-after-apply.png"), full_page=True)
     assert dialogs == [] and errors == []
     assert requests and all(u.startswith(live_server.url) for u in requests)  # offline: no CDN, nothing else

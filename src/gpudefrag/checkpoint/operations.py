@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from .protocol import (
     RestoreResult,
 )
 from .registry import backend_for
-from .store import CheckpointStore, PendingCheckpoint
+from .store import CheckpointStore, GcResult, PendingCheckpoint
 
 MANIFEST_RESERVE = 1 << 20  # room the manifest (and the rename's metadata) needs beside the images
 
@@ -40,8 +40,10 @@ MANIFEST_RESERVE = 1 << 20  # room the manifest (and the rename's metadata) need
 def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid: int, workload_id: str, *,
                         leave_running: bool = False, precopy: bool = False, page_server: bool = False,
                         engine: str | None = None, model: str | None = None, parent: str | None = None,
-                        keep: int | None = None, **backend_kw: Any) -> tuple[Manifest, CheckpointResult]:
-    """Checkpoint `pid` into a new signed store entry; apply retention (`keep` newest verified) for the workload.
+                        keep: int | None = None, on_retain: Callable[[GcResult], None] | None = None,
+                        **backend_kw: Any) -> tuple[Manifest, CheckpointResult]:
+    """Checkpoint `pid` into a new signed store entry; apply retention (`keep` newest verified) for the workload,
+    handing its result (what was removed, and why) to `on_retain`.
 
     Raises CheckpointError; when a stopped job could not be committed, `restored_pid` (restored in place) or
     `kept_images` (the folder that now holds its only copy) says where the job went."""
@@ -76,7 +78,9 @@ def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid:
                 raise  # the job still runs: dropping the unfinished images loses nothing
             raise _save_the_stopped_job(backend, pending, res, e) from None
     if keep is not None:
-        store.retain(workload_id, keep, trusted=frozenset({manifest.id}))  # just hashed: not read again
+        gc = store.retain(workload_id, keep, trusted=frozenset({manifest.id}))  # just hashed: not read again
+        if on_retain is not None:
+            on_retain(gc)
     return manifest, res
 
 

@@ -149,11 +149,23 @@ class GcResult:
     unreadable: tuple[str, ...] = ()
     freed_bytes: int = 0
     unverified: tuple[str, ...] = ()  # checked and failed (forged, unsigned, hash mismatch): never counted as kept
+    why: tuple[tuple[str, str], ...] = ()  # (id, why it was removed), one per removed checkpoint
+    keep: int = 0
+
+    def reasons(self) -> dict[str, str]:
+        """Why each removed checkpoint was removed (retention must never delete without a word)."""
+        why = dict(self.why)
+        return {cid: why.get(cid) or f"older than the newest {max(self.keep, 1)} verified" for cid in self.removed}
+
+    def explain(self) -> list[str]:
+        """One line per removed checkpoint: its id and why."""
+        return [f"{cid}: {why}" for cid, why in self.reasons().items()]
 
     def as_dict(self) -> dict[str, Any]:
         return {"removed": list(self.removed), "kept": list(self.kept),
                 "stale_temp_removed": list(self.stale_temp_removed), "unreadable": list(self.unreadable),
-                "unverified": list(self.unverified), "freed_bytes": self.freed_bytes}
+                "unverified": list(self.unverified), "freed_bytes": self.freed_bytes,
+                "removed_why": self.reasons()}
 
 
 @dataclass
@@ -406,15 +418,22 @@ class CheckpointStore:
                 by_wl.setdefault(r["workload_id"], []).append(r)
         keep_ids: set[str] = set()
         unverified: list[str] = []
+        why: dict[str, str] = {}
         for wl, wl_rows in list(by_wl.items()):
             good = []
             for r in wl_rows:  # newest first; verify until enough good ones are found
                 if len(good) >= max(keep, 1):
                     break
-                if r["signed"] and (r["id"] in trusted or self.verify(r["id"]).ok):
+                if not r["signed"]:
+                    unverified.append(r["id"])
+                    why[r["id"]] = "failed verification (bad-signature: not signed by this store's key)"
+                    continue
+                v = None if r["id"] in trusted else self.verify(r["id"])
+                if v is None or v.ok:
                     good.append(r["id"])
                 else:
                     unverified.append(r["id"])
+                    why[r["id"]] = f"failed verification ({v.reason}: {v.detail})"
             if not good:
                 del by_wl[wl]  # nothing verifies: delete nothing of this workload
                 continue
@@ -440,7 +459,8 @@ class CheckpointStore:
                     freed += self._remove(Path(e.path))
                     stale.append(e.name)
         kept = [r["id"] for r in rows if r["id"] in keep_ids]
-        return GcResult(tuple(removed), tuple(kept), tuple(stale), tuple(unreadable), freed, tuple(unverified))
+        return GcResult(tuple(removed), tuple(kept), tuple(stale), tuple(unreadable), freed, tuple(unverified),
+                        tuple((cid, why[cid]) for cid in removed if cid in why), keep)
 
     def retain(self, workload_id: str, keep: int, *, trusted: frozenset[str] = frozenset()) -> GcResult:
         return self.gc(keep, workload_id=workload_id, stale_temp_s=float("inf"), trusted=trusted)

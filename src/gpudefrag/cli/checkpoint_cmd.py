@@ -127,18 +127,28 @@ def list_cmd(
     workload: str = typer.Option(None, "--workload", help="Only this workload"),
     store: Path = StoreOpt, key: Path = KeyOpt, json_out: bool = JsonOpt,
 ) -> None:
-    """Stored checkpoints, newest first (signature checked; `verify` also checks every file)."""
+    """Stored checkpoints, newest first: the manifest's signature is checked ("signed"), the files' hashes are
+    not (`verify` checks every file, so does every restore)."""
     with _refusals(json_out):
         rows = _store(store, key).list(workload)
     if json_out:
         emit_json(rows)
         return
-    t = Table("workload", "created", "MiB", "backend", "mode", "signed")
-    t.add_column("id", overflow="fold")
+    # the id first and never wrapped (it is what one copies into `verify`/`restore`), the rest fold around it;
+    # "signed" is what `list` checks: the manifest's signature under this store's key, not the files' hashes
+    t = Table(box=None, pad_edge=False, caption="signed: the manifest's signature matches this store's key; the "
+              "files' hashes are checked by `gpudefrag checkpoints verify ID` (and by every restore)",
+              caption_justify="left")
+    t.add_column("id", no_wrap=True, min_width=max((len(r["id"]) for r in rows), default=2))
+    t.add_column("workload", overflow="fold")
+    t.add_column("created (UTC)", no_wrap=True)
+    for col in ("MiB", "mode", "signed"):
+        t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(r["workload_id"] or "?", (r["created_at"] or "?")[:19],
-                  f"{r['bytes'] / 2**20:.1f}" if r["bytes"] is not None else "?", r["backend"] or "?",
-                  r["mode"] or "?", "yes" if r["signed"] else f"[red]no[/] {r['error'] or ''}", r["id"])
+        t.add_row(r["id"], r["workload_id"] or "?", (r["created_at"] or "?")[5:19].replace("T", " "),
+                  f"{r['bytes'] / 2**20:.1f}" if r["bytes"] is not None else "?",
+                  r["mode"] or "?",
+                  "yes" if r["signed"] else f"[red]no[/] {r['error'] or ''}")
     console.print(t)
 
 
@@ -180,6 +190,8 @@ def gc_cmd(
                   f"kept {len(r.kept)} that verify" + (f"; unreadable (left alone): {', '.join(r.unreadable)}"
                                                        if r.unreadable else "")
                   + (f"; did not verify (never counted as kept): {', '.join(r.unverified)}" if r.unverified else ""))
+    for line in r.explain():
+        console.print(f"  removed {escape(line)}")
 
 
 @keys_app.command("init")

@@ -41,6 +41,10 @@ def serve(
     policy: Path = typer.Option(None, "--policy", help="Policy file: the plan preview uses its filter, budget "
                                 "and compatibility rule (as `gpudefrag plan --policy`)"),
     costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
+    store: Path = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="Checkpoint store: each job's newest "
+                               "checkpoint (size, time) for the checkpoint metrics and the move prices, as the "
+                               "controller reads it"),
+    key: Path = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="The store's key (with --store)"),
     json_out: bool = JsonOpt,
 ) -> None:
     """Serve the dashboard: GPU map, pending jobs with their diagnosis, plan preview, history, /metrics."""
@@ -60,7 +64,18 @@ def serve(
     from ..policy.options import load_inputs, plan_options
 
     options = plan_options(load_inputs(policy, costs))  # the same PlanOptions as `plan` and the controller
-    source = _source(engine, snapshot)
+    enrich = None
+    if store is not None:
+        if engine is EngineName.SIM:
+            raise fail("--store is read for a live engine (--engine slurm or kubernetes)")
+        from ..checkpoint.keys import load_key
+        from ..checkpoint.store import CheckpointStore, default_key_path
+        from ..control.controller import enrich_from_store
+
+        st = CheckpointStore(store, key or default_key_path())
+        load_key(st.key_path, create=False)  # a missing key is an error, never a new key
+        enrich = enrich_from_store(st)
+    source = _source(engine, snapshot, enrich)
     if journal is None and engine is not EngineName.SIM:
         journal = _default_journal()
     _run(source, host, port, allow_remote=allow_remote, token=token, journal=journal, check=check,
@@ -88,7 +103,7 @@ def _token(path: Path) -> str:
     return read_token_file(path)  # refused when others can read it
 
 
-def _source(engine: EngineName, snapshot: Path | None):  # type: ignore[no-untyped-def]
+def _source(engine: EngineName, snapshot: Path | None, enrich=None):  # type: ignore[no-untyped-def]
     from ..web.source import EngineSource, MemorySource, make_engine
 
     if engine is EngineName.SIM:
@@ -105,7 +120,7 @@ def _source(engine: EngineName, snapshot: Path | None):  # type: ignore[no-untyp
         raise fail(f"the {engine.value} engine is not available: {e}") from None
     except Exception as e:
         raise fail(f"cannot start the {engine.value} engine: {e}") from None
-    src = EngineSource(live, engine.value)
+    src = EngineSource(live, engine.value, enrich=enrich)
     try:
         src.state()  # observe once now: a cluster we cannot read is an error at startup, not on every page
     except InputError:

@@ -377,9 +377,13 @@ class Executor(BudgetedExecutor):
                 return None
             where = job.node or rs.node
             if rs.phase is RunPhase.RESTORED:
+                note = f" ({rs.reason})" if rs.reason else ""  # e.g. a fallback to an older verified checkpoint
                 if m.data.get("rollback") or m.dest != m.target:
-                    return self._go(m, S.ROLLED_BACK, f"restored {rs.ckpt_id} on {where}",
-                                    reason=f"{m.reason}; restored on {where} from {rs.ckpt_id}".lstrip("; "))
+                    return self._go(m, S.ROLLED_BACK, f"restored {rs.ckpt_id} on {where}{note}",
+                                    reason=f"{m.reason}; restored on {where} from {rs.ckpt_id}{note}".lstrip("; "))
+                if rs.reason:
+                    return self._go(m, S.RUNNING_ON_TARGET, f"restored {rs.ckpt_id} on {where}{note}",
+                                    reason=f"moved {m.source} -> {m.target} from {rs.ckpt_id}{note}")
                 return self._go(m, S.RUNNING_ON_TARGET, f"restored {rs.ckpt_id} on {where}")
             return self._go(m, S.COLD_STARTED, f"started fresh on {where}",
                             reason=f"cold start on {where}: {rs.reason or m.reason or 'no usable checkpoint'}")

@@ -133,9 +133,11 @@ class EngineSource(ClusterSource):
     """A live engine observed at most once per `ttl_s`; read-only from the dashboard."""
 
     def __init__(self, engine: Any, engine_name: str, *, ttl_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 enrich: Callable[[ClusterState], ClusterState] | None = None) -> None:
         super().__init__(engine_name, mutable=False, clock=clock)
         self.engine = engine
+        self.enrich = enrich  # e.g. checkpoint sizes and times from the store (metrics, move prices)
         self.ttl_s = ttl_s
         self._state: ClusterState | None = None
         self._at = 0.0
@@ -145,6 +147,8 @@ class EngineSource(ClusterSource):
             now = self.clock()
             if self._state is None or now - self._at >= self.ttl_s:
                 new = self.engine.observe()
+                if self.enrich is not None:
+                    new = self.enrich(new)
                 if self._state is None or new is not self._state:
                     self.version += 1
                 self._state, self._at = new, now
