@@ -141,7 +141,7 @@ def test_request_stop_restore_by_ticket_and_refused_ticket(env: dict[str, str], 
         assert log.read_text().count("START") == 1
     finally:
         stop(p2)
-    # a ticket whose checkpoint does not verify: cold start, and why
+    # a ticket whose checkpoint does not verify: the newest verified checkpoint instead (issue 32), and why
     bad = Ticket("t2", "mv-19700101T000000000000Z-000000", "move")
     agent.set_ticket("mv", bad)
     p3 = start(env, "mv", log, node="nodeC")
@@ -149,13 +149,27 @@ def test_request_stop_restore_by_ticket_and_refused_ticket(env: dict[str, str], 
         wait(lambda: (agent.run_status("mv") or rs).ticket_id == "t2"
              and (agent.run_status("mv") or rs).phase.value != "starting")
         rs3 = agent.run_status("mv")
-        assert rs3 is not None and rs3.phase.value == "cold-started" and "refused" in rs3.reason
-        assert "not-found" in rs3.reason
+        assert rs3 is not None and rs3.phase.value == "restored" and rs3.ckpt_id == st2.ckpt_id, rs3
+        assert "refused" in rs3.reason and "not-found" in rs3.reason and "fell back" in rs3.reason
+        assert log.read_text().count("START") == 1  # its state, not a cold start
+    finally:
+        err3 = stop(p3)
+    assert "falling back to the newest verified checkpoint" in err3  # said in the job's output too
+    # no verified checkpoint left at all: a cold start, and why
+    for cid in store.ids():
+        shutil.rmtree(store.root / cid)
+    agent.set_ticket("mv", Ticket("t3", "mv-19700101T000000000000Z-000000", "move"))
+    p4 = start(env, "mv", log, node="nodeD")
+    try:
+        wait(lambda: (agent.run_status("mv") or rs).ticket_id == "t3"
+             and (agent.run_status("mv") or rs).phase.value != "starting")
+        rs4 = agent.run_status("mv")
+        assert rs4 is not None and rs4.phase.value == "cold-started" and "refused" in rs4.reason
         wait(lambda: log.read_text().count("START") == 2)
     finally:
-        stop(p3)
+        stop(p4)
     handled = json.loads((JobDir(run_dir, "mv").root / "handled.json").read_text())["tickets"]
-    assert handled == ["t1", "t2"]
+    assert handled == ["t1", "t2", "t3"]
 
 
 def shebang_script(tmp_path: Path, log: Path) -> Path:
