@@ -113,3 +113,38 @@ def test_metrics_match_random_snapshots(doc: dict[str, Any]) -> None:
         assert one(m, "gpudefrag_stranded_gpus", shape=f"{k} GPU") == sum(v for v in free.values() if v < k)
         fits = any(v >= k for v in free.values())
         assert (one(m, "gpudefrag_pending_gpu_jobs", cause="fits-now") == 1) is fits
+
+
+def test_checkpoint_metrics_come_from_the_real_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 32: a live source reading the store (`serve --store`) reports the jobs' real checkpoints: not every
+    job "never checkpointed" with age 0, and moves priced with their real checkpoint sizes."""
+    import os
+
+    from gpudefrag.checkpoint.keys import load_key
+    from gpudefrag.checkpoint.store import CheckpointStore
+    from gpudefrag.control.controller import enrich_from_store
+    from gpudefrag.core.model import Versions
+    from gpudefrag.demo import demo_state
+    from gpudefrag.engines.sim import SimEngine
+    from gpudefrag.web.source import EngineSource
+
+    import dataclasses
+
+    demo = demo_state()  # as a live engine reports it: no checkpoint known until the store is read
+    state = demo.with_workloads([dataclasses.replace(w, last_checkpoint_at=None, checkpoint_bytes=0)
+                                 for w in demo.workloads])
+    load_key(tmp_path / "key", create=True)
+    store = CheckpointStore(tmp_path / "store", tmp_path / "key")
+    have = [w.id for w in state.running][:2]
+    for wid in have:
+        with store.create(wid) as p:
+            (p.dir / "pages.img").write_bytes(os.urandom(4096))
+            p.commit(backend="criu", mode="dump", compat=Versions())
+    bare = scrape(TestClient(create_app(EngineSource(SimEngine(state), "sim"))))
+    src = EngineSource(SimEngine(state), "sim", enrich=enrich_from_store(store))
+    fed = scrape(TestClient(create_app(src)))
+    never = "gpudefrag_never_checkpointed_jobs"
+    assert one(bare, never) == len(state.running)
+    assert one(fed, never) == len(state.running) - len(have)
+    got = src.state()
+    assert all(got.workload(w).checkpoint_bytes > 0 and got.workload(w).last_checkpoint_at for w in have)
