@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -234,9 +235,12 @@ class Wrapper:
     # ------------------------------------------------------------------ start
     def start(self) -> None:
         _subreaper()
-        self.jd.root.mkdir(parents=True, exist_ok=True)
-        (self.jd.node_file.parent / ".node.tmp").write_text(self.cfg.node + "\n")
-        os.replace(self.jd.node_file.parent / ".node.tmp", self.jd.node_file)
+        self.jd.ensure()  # a folder of ours nobody else may write: nothing written below can be redirected
+        fd, tmp = tempfile.mkstemp(prefix=".node.", dir=self.jd.root)  # O_EXCL: never through a planted link
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o644)  # the workload reads it
+            f.write(self.cfg.node + "\n")
+        os.replace(tmp, self.jd.node_file)
         ticket = read_json(self.jd.ticket)
         if ticket is not None and ticket.get("id") in self._handled():
             ticket = None
@@ -343,7 +347,10 @@ class Wrapper:
         from .checkpoint.protocol import CheckpointError
 
         try:
-            _, res = restore_from_store(self.store, ckpt_id, self.backend, rule=rule)
+            # only this workload's own checkpoints, of a job that ran as the user the workload runs as: a ticket
+            # naming another job's checkpoint must not bring that job's process up inside this one
+            _, res = restore_from_store(self.store, ckpt_id, self.backend, rule=rule,
+                                        workload_id=self.cfg.workload_id, uid=os.geteuid())
         except CheckpointError as e:
             return f"{e.reason}: {e.detail}"
         except OSError as e:
@@ -552,6 +559,7 @@ def run_wrapped(argv: Sequence[str], *, json_log: bool = False, **over: Any) -> 
 
     cfg = WrapperConfig.from_env(argv, **over)
     load_key(cfg.key_path, create=False)  # a missing key is an error here: only `checkpoint` creates one
+    JobDir(cfg.run_dir, cfg.workload_id).ensure()  # a run or job folder others may write: refused now
     log = None
     if json_log:
         import json

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -261,3 +262,68 @@ def test_a_failure_after_a_stopping_dump_never_loses_the_job(criu, store: Checkp
     assert probe_job.request_checksum(log, pid) == sha
     probes.stop(pid, log)
     assert probe_job.check_log(log).ok
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def test_a_checkpoint_whose_writer_dies_after_stopping_the_job_brings_the_job_back(
+        criu, store: CheckpointStore, probes: Probes, run_cli) -> None:
+    """`gpudefrag checkpoint` killed after CRIU stopped the job (while hashing, syncing and signing) used to leave
+    the job gone and its only copy in a temp folder that `checkpoints list` did not show and gc deleted after an
+    hour. Now the stopping checkpoint is recorded before the dump: it survives its writer's death, gc (even of
+    every stale folder) leaves it alone, and the next store command restores the job in place from it."""
+    from gpudefrag.checkpoint.keys import load_key
+
+    load_key(store.key_path, create=True)
+    job, log = probes.start("victim", mb=400, pidns=True)
+    sha = probe_job.request_checksum(log, job.pid)
+    cmd = ["checkpoint", "--pid", str(job.pid), "--workload", "wl", "--store", str(store.root), "--key",
+           str(store.key_path)]
+    writer = subprocess.Popen([sys.executable, "-m", "gpudefrag.cli.main", *cmd], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while _state(job.pid) not in ("Z", "X", "gone") and writer.poll() is None:  # CRIU stops (kills) the job
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    writer.kill()  # the writer dies while hashing, syncing, signing
+    out, _ = writer.communicate(timeout=30)
+    job.reap(timeout=5)
+    if store.ids():
+        pytest.skip(f"the writer committed before it could be killed ({out}); nothing to test on this run")
+    assert _state(job.pid) in ("Z", "X", "gone")  # the job is stopped: its images are its only state
+    left = [p for p in store.root.iterdir() if p.is_dir()]
+    assert len(left) == 1 and any(left[0].glob("pages-*.img")), left
+    store.gc(0, stale_temp_s=0)  # gc, even of stale temp folders, never removes it
+    assert left[0].is_dir()
+    r = run_cli("checkpoints", "list", "--store", str(store.root), "--key", str(store.key_path), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "restored in place as PID" in r.stderr, r.stderr  # the next command brought the job back
+    pid = int(r.stderr.split("restored in place as PID")[1].split()[0])
+    probes.track(pid)
+    at = probe_job.last_step(log)
+    probe_job.wait_step(log, at + 3, timeout=60)
+    assert probe_job.request_checksum(log, pid) == sha  # with its memory intact
+    assert not left[0].exists() and store.interrupted() == []  # and only then were the images let go
+    probes.stop(pid, log)
+    assert probe_job.check_log(log).ok
+
+
+def test_an_interrupted_checkpoint_is_listed_while_its_writer_works(criu, store: CheckpointStore,
+                                                                    probes: Probes, run_cli) -> None:
+    """While a stopping checkpoint is being written (its writer alive), `checkpoints list` shows it and gc keeps
+    it; nothing else touches it."""
+    job, _ = probes.start("listed", mb=4)
+    pending = store.create("wl", stops=job.pid, backend="criu")
+    r = run_cli("checkpoints", "list", "--store", str(store.root), "--key", str(store.key_path), "--json")
+    rows = json.loads(r.stdout)
+    assert [x["id"] for x in rows] == [pending.ckpt_id] and "writer is still at work" in rows[0]["error"], rows
+    assert run_cli("checkpoints", "gc", "--keep", "0", "--store", str(store.root), "--key",
+                   str(store.key_path)).returncode == 0
+    assert pending.dir.is_dir()
+    pending.__exit__(None, None, None)
+    assert store.interrupted() == []

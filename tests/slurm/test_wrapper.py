@@ -327,3 +327,79 @@ def test_a_workload_id_that_is_no_folder_name_is_refused(env: dict[str, str], tm
     assert p.returncode == 2 and "workload id" in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not log.exists() and not (tmp_path / "escape").exists()
+
+
+@pytest.mark.parametrize("how", ["run-folder-writable-by-all", "job-folder-owned-by-the-user"])
+def test_a_job_folder_planted_by_a_user_is_refused_and_nothing_is_written_through_it(
+        env: dict[str, str], tmp_path: Path, shared_tmp: Path, throwaway_user, how: str) -> None:
+    """With the run folder writable by users, a user created the next job's folder first, with `.node.tmp` (or
+    status.json) a link to a root-owned file, and the root-run wrapper wrote through it. The wrapper now writes
+    only into a job folder it created and owns: a run folder others may write, or a job folder of another user,
+    is refused before anything starts (one line, exit 2), and the linked files stay as they were."""
+    run = shared_tmp / "run"
+    run.mkdir()
+    victim = shared_tmp / "victim"
+    victim.write_text("root's file\n")
+    if how == "run-folder-writable-by-all":
+        os.chmod(run, 0o1777)  # like /tmp
+        r = throwaway_user.run(["mkdir", str(run / "planted")])
+        assert r.returncode == 0, r.stderr
+    else:
+        os.chmod(run, 0o755)
+        (run / "planted").mkdir()  # e.g. made by an admin for the user
+        os.chown(run / "planted", throwaway_user.uid, throwaway_user.gid)
+    for name in (".node.tmp", "status.json", "workload.out", "handled.json"):
+        r = throwaway_user.run(["ln", "-s", str(victim), str(run / "planted" / name)])
+        assert r.returncode == 0, r.stderr
+    log = tmp_path / "planted.log"
+    p = start({**env, "GPUDEFRAG_RUN_DIR": str(run)}, "planted", log)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and str(run) in lines[0] and "refused" in lines[0], lines
+    assert victim.read_text() == "root's file\n" and victim.stat().st_uid == 0
+    assert not log.exists()  # nothing started
+    # the controller's side refuses to write requests or tickets there too
+    agent = FileAgent(run, CheckpointStore(Path(env["GPUDEFRAG_STORE"]), Path(env["GPUDEFRAG_KEY"])))
+    from gpudefrag.errors import InputError
+
+    with pytest.raises(InputError):
+        agent.set_ticket("planted", Ticket("t1", None, "move"))
+    with pytest.raises(InputError):
+        agent.request_checkpoint("planted", "r1", stop=True)
+    assert victim.read_text() == "root's file\n"
+
+
+def test_a_ticket_naming_another_workloads_checkpoint_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    """The wrapper restored whatever checkpoint its ticket named: one job's process then ran inside another job.
+    Tickets and checkpoints are bound to their workload (and user): a foreign one is refused (`wrong-workload`),
+    the job cold-starts with the reason recorded, and the other job's process never runs here."""
+    run_dir = Path(env["GPUDEFRAG_RUN_DIR"])
+    store = CheckpointStore(Path(env["GPUDEFRAG_STORE"]), Path(env["GPUDEFRAG_KEY"]))
+    agent = FileAgent(run_dir, store)
+    other_log = tmp_path / "other.log"
+    other = start(env, "other", other_log)
+    try:
+        wait(lambda: len(steps(other_log)) >= 3)
+        agent.request_checkpoint("other", "r1", stop=False)
+        other.send_signal(signal.SIGUSR2)
+        wait(lambda: agent.checkpoint_status("other", "r1").state.value != "pending")
+        theirs = agent.checkpoint_status("other", "r1")
+        assert theirs.state.value == "ok" and theirs.ckpt_id
+    finally:
+        stop(other)
+    assert gone(other_log)
+    mine_log = tmp_path / "mine.log"
+    agent.set_ticket("mine", Ticket("t-foreign", theirs.ckpt_id, "move"))
+    mine = start(env, "mine", mine_log)
+    try:
+        wait(lambda: (agent.run_status("mine") is not None
+                      and agent.run_status("mine").phase.value not in ("starting",)))  # type: ignore[union-attr]
+        rs = agent.run_status("mine")
+        assert rs is not None and rs.phase.value == "cold-started", rs
+        assert "wrong-workload" in rs.reason and "other" in rs.reason, rs.reason
+        wait(lambda: len(steps(mine_log)) >= 2)
+        time.sleep(0.5)
+        assert live_with(other_log) == []  # the other job's process is not running inside this one
+    finally:
+        stop(mine)

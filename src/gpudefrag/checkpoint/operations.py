@@ -26,6 +26,7 @@ from .protocol import (
     INCOMPATIBLE,
     STORE_FULL,
     UNAVAILABLE,
+    WRONG_WORKLOAD,
     CheckpointBackend,
     CheckpointError,
     CheckpointResult,
@@ -47,7 +48,8 @@ def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid:
 
     Raises CheckpointError; when a stopped job could not be committed, `restored_pid` (restored in place) or
     `kept_images` (the folder that now holds its only copy) says where the job went."""
-    with store.create(workload_id) as pending:
+    # a dump that stops the job writes its intent first: a writer killed later leaves a recoverable checkpoint
+    with store.create(workload_id, stops=None if leave_running else pid, backend=backend.name) as pending:
         _check_room(store, backend, pid)
         try:
             if page_server:
@@ -63,8 +65,11 @@ def checkpoint_to_store(store: CheckpointStore, backend: CheckpointBackend, pid:
         except CheckpointError as e:
             if e.stopped is None:
                 raise  # nothing was stopped (CRIU resumes the job when its dump fails)
+            pending.stopped(e.stopped.extra)
             raise _save_the_stopped_job(backend, pending, e.stopped, e) from None
         try:
+            if not res.leave_running:
+                pending.stopped(res.extra)  # durable before the slow part: hashing, syncing, signing
             gpu = getattr(backend, "gpu_versions", None)
             compat = host_versions(res.checkpointer or backend.version(), gpu=gpu() if callable(gpu) else None)
             compat = Versions(**{**_asdict(compat), "engine": engine, "model": model})
@@ -121,6 +126,61 @@ def _save_the_stopped_job(backend: CheckpointBackend, pending: PendingCheckpoint
     return err
 
 
+def recover_interrupted(store: CheckpointStore, *, workload_id: str | None = None,
+                        log: Any = None) -> list[dict[str, Any]]:
+    """Bring back the jobs whose checkpoint stopped them and whose writer died before committing (the writer was
+    killed while hashing, syncing or signing): run by every store command and by the job wrapper at its start.
+
+    For each `.stopping-<id>` on this host whose writer is gone and that no process is still writing: if the
+    job still runs (the dump never stopped it), the unfinished images are removed; otherwise the job is
+    restored in place from them (then they go), and when that fails they become `.kept-<id>`, never removed,
+    named in the result. Returns one record per checkpoint handled, with its `outcome`."""
+    import socket
+
+    from .registry import backend_for
+    from .store import same_process
+
+    done = []
+    for row in store.interrupted():
+        if row["state"] != "interrupted" or row["writer_alive"] or row.get("host") != socket.gethostname():
+            continue
+        if workload_id is not None and row.get("workload_id") != workload_id:
+            continue
+        path = Path(row["path"])
+        if _busy(path):
+            continue  # an orphaned criu still writing: its job is not lost yet
+        if same_process(row.get("pid"), row.get("pid_start")):
+            store.discard(path)
+            done.append({**row, "outcome": "job still running; the unfinished images were removed"})
+            continue
+        try:
+            rr = backend_for(str(row.get("backend") or "criu")).restore(path, info=row.get("info") or {})
+        except Exception as e:  # whatever failed, the images must survive
+            kept = store.keep_interrupted(path)
+            done.append({**row, "outcome": f"the job could not be restored in place ({e}); its images are kept at "
+                         f"{kept}"})
+            continue
+        store.discard(path)
+        done.append({**row, "restored_pid": rr.pid, "outcome": f"restored in place as PID {rr.pid}"})
+    for d in done:
+        if log is not None:
+            log(f"interrupted checkpoint {d['id']} of {d.get('workload_id')}: {d['outcome']}")
+    return done
+
+
+def _busy(path: Path) -> bool:
+    """Does any process still name `path` on its command line (a `criu dump -D path` whose caller died)?"""
+    needle = str(path).encode()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if needle in (p / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
 def check_compat(manifest: Manifest, here: Versions, fields: Iterable[str] = DEFAULT_FIELDS,
                  rule: CompatRule | None = None) -> None:
     """The restore's compatibility gate: the planner's rule (`gpudefrag.core.compat`), on this host's facts."""
@@ -129,15 +189,33 @@ def check_compat(manifest: Manifest, here: Versions, fields: Iterable[str] = DEF
         raise CheckpointError(INCOMPATIBLE, "; ".join(diffs), path=manifest.id, fields=field_names(diffs))
 
 
+def check_belongs(manifest: Manifest, workload_id: str | None, uid: int | None) -> None:
+    """Refuse (`wrong-workload`) a verified checkpoint that is not `workload_id`'s, or whose job ran as another
+    user than `uid` (the signed record's owner); None skips that half."""
+    if workload_id is not None and manifest.workload_id != workload_id:
+        raise CheckpointError(WRONG_WORKLOAD, f"checkpoint {manifest.id} belongs to workload "
+                              f"{manifest.workload_id!r}, not {workload_id!r}", path=manifest.id)
+    if uid is not None:
+        owner = manifest.info.get("owner")
+        recorded = owner.get("uid") if isinstance(owner, dict) else None
+        if recorded != uid:
+            raise CheckpointError(WRONG_WORKLOAD, f"checkpoint {manifest.id} is of a job that ran as uid {recorded}, "
+                                  f"not uid {uid}", path=manifest.id)
+
+
 def restore_from_store(store: CheckpointStore, ckpt_id: str, backend: CheckpointBackend | None = None, *,
                        here: Versions | None = None, compat_fields: Iterable[str] | None = None,
-                       rule: CompatRule | None = None, **restore_kw: Any) -> tuple[Manifest, RestoreResult]:
+                       rule: CompatRule | None = None, workload_id: str | None = None, uid: int | None = None,
+                       **restore_kw: Any) -> tuple[Manifest, RestoreResult]:
     """Verify (signature, hashes), check compatibility, then restore. Nothing runs unless all three pass.
 
     compat_fields: the Versions fields that must agree (default: the backend's `compat_fields`, else
     compat.DEFAULT_FIELDS). rule: how they must agree — the rule the move was planned under (default: every
-    field exact)."""
+    field exact). workload_id / uid: the workload (and its user) this restore is for — a job wrapper's: a
+    checkpoint of another workload, or of a process that ran as another user, is refused (`wrong-workload`), so
+    a ticket naming someone else's checkpoint can never bring their process up inside this job."""
     manifest = store.verify(ckpt_id).raise_for_status()
+    check_belongs(manifest, workload_id, uid)
     be = backend or backend_for(manifest.backend)
     if here is None:
         gpu = getattr(be, "gpu_versions", None)

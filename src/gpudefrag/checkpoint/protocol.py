@@ -30,6 +30,7 @@ INSECURE_KEY = "insecure-key"
 MISSING_KEY = "missing-key"
 OWNER_MISMATCH = "owner-mismatch"
 BAD_WORKLOAD = "bad-workload"
+WRONG_WORKLOAD = "wrong-workload"  # a checkpoint of another workload (or another user) named for this one
 STORE_FULL = "store-full"
 CHECKPOINT_FAILED = "checkpoint-failed"
 RESTORE_FAILED = "restore-failed"
@@ -37,7 +38,7 @@ UNAVAILABLE = "unavailable"
 
 REFUSAL_CODES = frozenset(
     {NOT_FOUND, MISSING_MANIFEST, BAD_MANIFEST, BAD_SIGNATURE, WRONG_KEY, HASH_MISMATCH, SIZE_MISMATCH,
-     MISSING_FILE, UNEXPECTED_FILE, UNSAFE_PATH, INCOMPATIBLE, OWNER_MISMATCH}
+     MISSING_FILE, UNEXPECTED_FILE, UNSAFE_PATH, INCOMPATIBLE, OWNER_MISMATCH, WRONG_WORKLOAD}
 )
 
 

@@ -3,8 +3,12 @@
     <root>/<ckpt-id>/manifest.json      signed: files + sizes + SHA-256, compatibility record, parent, times
     <root>/<ckpt-id>/<image files>      whatever the backend wrote (CRIU images, a state_dict, ...)
     <root>/.tmp-<ckpt-id>/              a checkpoint being written; renamed into place on commit
+    <root>/.stopping-<ckpt-id>/         a checkpoint that stops its job (no --leave-running) being written,
+    <root>/.stopping-<ckpt-id>.json     with its intent record (job PID, writer, backend facts): if the writer
+                                        dies, this is the job's only state; never removed by gc, shown by
+                                        `checkpoints list`, and recovered (`operations.recover_interrupted`)
     <root>/.kept-<ckpt-id>/             images of a stopped job whose commit failed and that could not be
-                                        restored in place: the only copy of its state, never removed by gc
+    <root>/.kept-<ckpt-id>.json         restored in place: the only copy of its state, never removed by gc
 
 Folders are 0700 and files 0600: images hold the job's memory (secrets included). A checkpoint appears only
 complete (temp folder + rename) and `verify` re-reads every byte before a restore is allowed to trust it.
@@ -14,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -28,7 +34,7 @@ from typing import Any
 
 from ..core.model import Versions
 from ..errors import InputError
-from ..fileio import read_input
+from ..fileio import parse_json, read_input
 from .keys import DEFAULT_KEY_PATH, key_id, load_key
 from .manifest import (
     MANIFEST_NAME,
@@ -59,6 +65,8 @@ DEFAULT_STORE = Path("/var/lib/gpudefrag/checkpoints")
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 KEPT_PREFIX = ".kept-"
+STOPPING_PREFIX = ".stopping-"
+INTENT_SUFFIX = ".json"
 _CHUNK = 4 << 20
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -133,8 +141,20 @@ class PendingCheckpoint:
             os.rename(self.dir, kept)
         except OSError:
             kept = self.dir  # still the only copy: leave it where it is, under its temp name
+        else:
+            with contextlib.suppress(OSError):
+                os.rename(_intent_of(self.dir), _intent_of(kept))
         self.preserved = kept
         return kept
+
+    def stopped(self, info: dict[str, Any]) -> None:
+        """The backend stopped the job: record what a restore in place from these images needs, durably, before
+        the slow part (hashing, syncing, signing) begins."""
+        if self.dir.name.startswith(STOPPING_PREFIX):
+            path = _intent_of(self.dir)
+            doc = _read_intent(path) or {}
+            with contextlib.suppress(OSError):  # a full disk: the record from before the dump still names the job
+                _write_intent(path, {**doc, "stopped": True, "info": _jsonable(info)})
 
     def commit(self, **kw: Any) -> Manifest:
         self.committed = self.store.commit(self, **kw)
@@ -216,19 +236,61 @@ class CheckpointStore:
         return self.root / ckpt_id
 
     # -- writing --------------------------------------------------------------------------------------
-    def create(self, workload_id: str) -> PendingCheckpoint:
+    def create(self, workload_id: str, *, stops: int | None = None, backend: str | None = None) -> PendingCheckpoint:
+        """A private folder for a new checkpoint. `stops`: the PID of a job this checkpoint will stop (no
+        --leave-running): the folder is then `.stopping-<id>` with an intent record beside it, written durably
+        before the backend runs, so that a writer killed after the job was stopped leaves a recoverable, listed
+        checkpoint that gc never removes, instead of an anonymous temp folder."""
         check_workload_id(workload_id)  # before the backend freezes anything: a refused id must not stop a job
         if self._key is None:
             self._key = load_key(self.key_path, create=True)  # fail on an insecure key before the freeze too
         self._ensure_root()
         now = datetime.now(UTC)
         ckpt_id = f"{_slug(workload_id)}-{now:%Y%m%dT%H%M%S%f}Z-{secrets.token_hex(3)}"
-        tmp = self.root / f"{TMP_PREFIX}{ckpt_id}"
+        tmp = self.root / f"{STOPPING_PREFIX if stops is not None else TMP_PREFIX}{ckpt_id}"
         tmp.mkdir(mode=0o700)
+        if stops is not None:
+            _write_intent(_intent_of(tmp), {
+                "id": ckpt_id, "workload_id": workload_id, "backend": backend, "pid": stops,
+                "pid_start": _start_time(stops), "writer": os.getpid(), "writer_start": _start_time(os.getpid()),
+                "host": socket.gethostname(), "at": time.time(), "stopped": False, "info": {}})
+            _fsync_dir(self.root)
         return PendingCheckpoint(self, ckpt_id, workload_id, tmp)
 
     def abort(self, pending: PendingCheckpoint) -> None:
         shutil.rmtree(pending.dir, ignore_errors=True)
+        _intent_of(pending.dir).unlink(missing_ok=True)
+
+    def interrupted(self) -> list[dict[str, Any]]:
+        """Checkpoints that stopped their job and were never committed: `.stopping-<id>` (a writer at work, or
+        one that died) and `.kept-<id>` (the commit failed and the job could not be restored in place). Each is
+        a job's only state; gc never removes them. Oldest first, with their intent records."""
+        if not self.check_root():
+            return []
+        out = []
+        for e in sorted(os.scandir(self.root), key=lambda e: e.name):
+            for prefix, state in ((STOPPING_PREFIX, "interrupted"), (KEPT_PREFIX, "kept")):
+                if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False):
+                    doc = _read_intent(_intent_of(Path(e.path))) or {}
+                    out.append({**doc, "id": e.name[len(prefix):], "state": state, "path": e.path,
+                                "writer_alive": state == "interrupted" and same_process(doc.get("writer"),
+                                                                                       doc.get("writer_start"))})
+        out.sort(key=lambda r: r.get("at") or 0.0)
+        return out
+
+    def discard(self, path: Path) -> None:
+        """Remove an interrupted checkpoint's folder and intent record once its job runs again (resumed or
+        restored in place from it): they are no longer anybody's only copy."""
+        shutil.rmtree(path, ignore_errors=True)
+        _intent_of(path).unlink(missing_ok=True)
+
+    def keep_interrupted(self, path: Path) -> Path:
+        """`.stopping-<id>` → `.kept-<id>` (with its record): a job that could not be restored from it."""
+        kept = self.root / f"{KEPT_PREFIX}{path.name[len(STOPPING_PREFIX):]}"
+        os.rename(path, kept)
+        with contextlib.suppress(OSError):
+            os.rename(_intent_of(path), _intent_of(kept))
+        return kept
 
     def commit(self, pending: PendingCheckpoint, *, backend: str, mode: str, compat: Versions,
                parent: str | None = None, gpus: dict[str, str] | None = None,
@@ -274,6 +336,7 @@ class CheckpointStore:
                 os.fsync(f.fileno())
         final = self.root / pending.ckpt_id
         os.rename(pending.dir, final)
+        _intent_of(pending.dir).unlink(missing_ok=True)  # committed: the checkpoint itself is the record now
         if self.durable:
             _fsync_dir(self.root)
         return m
@@ -493,6 +556,52 @@ def _walk(d: Path) -> Iterator[tuple[str, Path]]:
         for name in sorted(filenames) + sorted(n for n in dirnames if (base / n).is_symlink()):
             p = base / name
             yield p.relative_to(d).as_posix(), p
+
+
+def _intent_of(d: Path) -> Path:
+    return d.with_name(d.name + INTENT_SUFFIX)
+
+
+def _write_intent(path: Path, doc: dict[str, Any]) -> None:
+    """Durably, atomically, root-only, without following a link (the store root is ours alone)."""
+    tmp = path.with_name(path.name + ".new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_intent(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = parse_json(read_input(path, "manifest", follow_links=False), str(path))
+    except InputError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (with its PID: which process, PID reuse told apart)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid: Any, start: Any) -> bool:
+    """Is `pid` still the process that had `start` time, and not a zombie?"""
+    if not isinstance(pid, int):
+        return False
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] not in ("Z", "X") and (start is None or int(fields[19]) == start)
 
 
 def _fsync_dir(d: Path) -> None:

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..checkpoint.protocol import CheckpointError
 from ..checkpoint.store import CheckpointStore, default_key_path, default_store_root
-from .common import JsonOpt, console, emit_json, fail
+from .common import JsonOpt, console, emit_json, err_console, fail
 
 checkpoints_app = typer.Typer(help="List, verify and garbage-collect stored checkpoints.", no_args_is_help=True)
 
@@ -37,6 +37,27 @@ def register(app: typer.Typer) -> None:
 
 def _store(store: Path | None, key: Path | None) -> CheckpointStore:
     return CheckpointStore(store or default_store_root(), key or default_key_path())
+
+
+def _recover(st: CheckpointStore) -> None:
+    """Every store command first brings back jobs whose stopping checkpoint lost its writer (said on stderr)."""
+    from ..checkpoint.operations import recover_interrupted
+
+    recover_interrupted(st, log=lambda msg: err_console.print(f"[yellow]recovered:[/] {escape(msg)}",
+                                                              soft_wrap=True))
+
+
+def _interrupted_rows(st: CheckpointStore) -> list[dict[str, object]]:
+    """`checkpoints list` rows for checkpoints that stopped their job and were never committed."""
+    out: list[dict[str, object]] = []
+    for r in st.interrupted():
+        why = ("interrupted: the job was stopped and its writer is still at work" if r["writer_alive"] else
+               "interrupted: the job was stopped and the writer died; the next command restores it" if
+               r["state"] == "interrupted" else "kept: the job's only state (restore it with the backend)")
+        out.append({"id": r["id"], "workload_id": r.get("workload_id"), "created_at": None,
+                    "created_unix": r.get("at") or 0.0, "bytes": None, "backend": r.get("backend"), "mode": None,
+                    "parent": None, "signed": False, "error": why, "path": r["path"], "pid": r.get("pid")})
+    return out
 
 
 @contextmanager
@@ -75,11 +96,14 @@ def checkpoint(
     from ..checkpoint.registry import backend_for
 
     with _refusals(json_out):
+        st = _store(store, key)
+        if st.check_root():
+            _recover(st)
         be = backend_for(backend)
         check = getattr(be, "check", None)
         if callable(check):
             check()
-        m, res = checkpoint_to_store(_store(store, key), be, pid, workload or f"pid-{pid}",
+        m, res = checkpoint_to_store(st, be, pid, workload or f"pid-{pid}",
                                      leave_running=leave_running, precopy=precopy, page_server=page_server,
                                      keep=keep, engine=engine, model=model)
     doc = {"ok": True, "id": m.id, "workload_id": m.workload_id, "backend": m.backend, "mode": res.mode,
@@ -109,7 +133,10 @@ def restore(
 
     root, cid = resolve(store, ckpt)
     with _refusals(json_out):
-        m, res = restore_from_store(_store(root, key), cid, wait=wait, netns=netns, lazy=lazy)
+        st = _store(root, key)
+        if st.check_root():
+            _recover(st)
+        m, res = restore_from_store(st, cid, wait=wait, netns=netns, lazy=lazy)
     doc = {"ok": True, "id": m.id, "workload_id": m.workload_id, "pid": res.pid, "mode": res.mode,
            "duration_s": round(res.duration_s, 4), "pages_complete_s": res.pages_complete_s,
            "exit_code": res.exit_code}
@@ -130,7 +157,10 @@ def list_cmd(
     """Stored checkpoints, newest first: the manifest's signature is checked ("signed"), the files' hashes are
     not (`verify` checks every file, so does every restore)."""
     with _refusals(json_out):
-        rows = _store(store, key).list(workload)
+        st = _store(store, key)
+        rows = st.list(workload)  # the key and the root are checked first
+        _recover(st)
+        rows = st.list(workload) + [r for r in _interrupted_rows(st) if workload in (None, r["workload_id"])]
     if json_out:
         emit_json(rows)
         return
@@ -182,7 +212,10 @@ def gc_cmd(
     """Keep the newest N checkpoints per workload that verify (and the parents they need); remove the rest.
     A workload's newest verified checkpoint is never removed; unreadable folders are reported and left alone."""
     with _refusals(json_out):
-        r = _store(store, key).gc(keep, workload_id=workload)
+        st = _store(store, key)
+        st.list(workload)  # the key and the root are checked first
+        _recover(st)
+        r = st.gc(keep, workload_id=workload)  # never touches an interrupted or kept checkpoint
     if json_out:
         emit_json(r.as_dict())
         return

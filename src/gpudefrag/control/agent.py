@@ -56,6 +56,7 @@ class FileAgent:
         jd = JobDir(self.run_dir, workload_id)
         if jd.request(request_id).exists() or jd.response(request_id).exists():
             return
+        jd.ensure()  # never into a job folder someone else could write
         write_json_atomic(jd.request(request_id), {"id": request_id, "stop": stop, "at": time.time()})
         status = read_json(jd.status) or {}
         # USR2 kills a wrapper that has not installed its handler yet, so signal only a wrapper whose current
@@ -88,7 +89,9 @@ class FileAgent:
         return bool(v.ok), str(v.reason)
 
     def set_ticket(self, workload_id: str, ticket: Ticket) -> None:
-        write_json_atomic(JobDir(self.run_dir, workload_id).ticket, asdict(ticket))
+        jd = JobDir(self.run_dir, workload_id)
+        jd.ensure()  # never into a job folder someone else could write
+        write_json_atomic(jd.ticket, asdict(ticket))
 
     def run_status(self, workload_id: str) -> RunStatus | None:
         doc = read_json(JobDir(self.run_dir, workload_id).status)

@@ -3,7 +3,10 @@ reader both use for them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,18 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def _check_private(path: Path, st: os.stat_result, what: str) -> None:
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise InputError(str(path), "", f"the {what} is a link or not a folder: refused (gpudefrag writes into it as "
+                         f"uid {os.geteuid()})")
+    if st.st_uid != os.geteuid():
+        raise InputError(str(path), "", f"the {what} belongs to uid {st.st_uid}, not to uid {os.geteuid()} who "
+                         "writes into it: refused (another user could plant links in it)")
+    if st.st_mode & 0o022:
+        raise InputError(str(path), "", f"the {what} may be written by others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                         "refused (they could plant links in it); make it 0755 or stricter")
+
+
 _WORKLOAD_DIR_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 
 
@@ -33,6 +48,23 @@ class JobDir:
             raise InputError("workload id", "", f"{workload_id[:80]!r} is not usable as a folder name (letters, "
                              "digits, '.', '_', '-'; at most 128; not starting with '.' or '-')")
         self.root = Path(run_dir) / workload_id
+
+    def ensure(self) -> Path:
+        """Make (or check) the job folder before anything is written into it as root, and return it.
+
+        The run folder must be a folder of this process's user that nobody else may write (else a user could
+        create the next job's folder first and plant links in it); the job folder is created here (0755: the
+        workload reads its node file) or, when it exists, must be a folder — not a link — of this user that
+        nobody else may write. Inside such a folder nobody else can plant a link, so the files gpudefrag writes
+        there (status, ticket, requests, responses, node file, workload output) cannot be redirected.
+        InputError (one line, exit 2) otherwise."""
+        run = self.root.parent
+        run.mkdir(parents=True, exist_ok=True, mode=0o755)
+        _check_private(run, os.stat(run), "run folder")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root, 0o755)
+        _check_private(self.root, os.lstat(self.root), "job folder")
+        return self.root
 
     @property
     def requests(self) -> Path:
