@@ -182,6 +182,7 @@ class Wrapper:
         self.lost: str | None = None  # why the workload is gone without having exited (never report success)
         self.kept_images: str | None = None  # where a lost workload's images are (its only copy of its state)
         self.guard: Guard | None = None
+        self._guard_lost = False
         self.last_ckpt_at: float | None = None
         self.started_at = time.time()
         self._emit = log or (lambda m: print(f"[gpudefrag run {cfg.workload_id}@{cfg.node}] {m}", file=sys.stderr,
@@ -445,10 +446,14 @@ class Wrapper:
                 return
             if pid == self.pid or (self.launcher is not None and pid == self.launcher.pid):
                 self.exit_code = os.waitstatus_to_exitcode(st)
+            elif self.guard is not None and pid == self.guard.pid:
+                self._guard_lost = True
 
     def workload_done(self) -> bool:
         self._reap()
         if self.launcher is not None:
+            if self.exit_code is not None:  # reaped above: Popen.poll() would now say 0 (ECHILD), not the code
+                return True
             rc = self.launcher.poll()
             if rc is not None:
                 self.exit_code = rc
@@ -515,10 +520,27 @@ class Wrapper:
             self.stop_workload()
             self._kill_strays()
 
+    def _rearm_guard(self) -> None:
+        """The guard was killed (first, before the wrapper): start a new one at once and hand it the workload's
+        roots, so that a SIGKILL of the wrapper a moment later still takes the workload along."""
+        self._guard_lost = False
+        old = self.guard
+        self.guard = Guard()
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.close(old._w)
+        for pid in (self.launcher.pid if self.launcher is not None else None, self.pid):
+            if pid is not None:
+                self.guard.watch(pid)
+        self._log(f"the guard was killed; a new guard (pid {self.guard.pid}) watches the workload")
+
     def _run(self) -> int:
         self.start()
         stopped = False
         while True:
+            self._reap()
+            if self._guard_lost:
+                self._rearm_guard()
             if self.flags["term"]:
                 sig = int(self.flags["term"])
                 self._log(f"got {signal.Signals(sig).name}: stopping the workload")

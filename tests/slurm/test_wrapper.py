@@ -403,3 +403,47 @@ def test_a_ticket_naming_another_workloads_checkpoint_is_refused(env: dict[str, 
         assert live_with(other_log) == []  # the other job's process is not running inside this one
     finally:
         stop(mine)
+
+
+@pytest.mark.parametrize(("cmd", "code"), [(["true"], 0), (["sh", "-c", "exit 7"], 7),
+                                           (["sh", "-c", "sleep 0.5; exit 7"], 7), (["false"], 1)])
+def test_a_workload_exit_code_is_passed_on_however_fast_it_exits(env: dict[str, str], tmp_path: Path,
+                                                                 cmd: list[str], code: int) -> None:
+    """`run -- true` and `run -- sh -c 'exit 7'` made the wrapper fail with exit 1 (the launcher ended before
+    the wrapper saw the workload), and a workload that exited 7 a moment later was reported as 0 (its status,
+    reaped once, was read again as 0). The wrapper exits with the workload's own code, and records it."""
+    p = start(env, "fast", tmp_path / "fast.log", cmd=cmd)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    status = json.loads((JobDir(Path(env["GPUDEFRAG_RUN_DIR"]), "fast").status).read_text())
+    assert status["phase"] == "exited" and status["exit_code"] == code, status
+
+
+def test_killing_the_guard_first_then_the_wrapper_still_takes_the_workload_along(env: dict[str, str],
+                                                                                tmp_path: Path) -> None:
+    """With the guard killed first and the wrapper a moment later (SIGKILL both), the workload survived,
+    re-parented to PID 1. The wrapper notices its guard is gone and starts a new one at once."""
+    log = tmp_path / "guard.log"
+    p = start(env, "guard", log)
+    try:
+        wait(lambda: len(steps(log)) >= 3)
+        me = Path(f"/proc/{p.pid}/cmdline").read_bytes()
+        guards = [c for c in _children_of(p.pid) if Path(f"/proc/{c}/cmdline").read_bytes() == me]
+        assert len(guards) == 1, guards
+        os.kill(guards[0], signal.SIGKILL)
+        wait(lambda: [c for c in _children_of(p.pid) if c != guards[0]
+                      and Path(f"/proc/{c}/cmdline").read_bytes() == me] != [], timeout=10)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert gone(log, timeout=10), "the workload outlived its wrapper and its guard"
+
+
+def _children_of(pid: int) -> list[int]:
+    out: list[int] = []
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (t / "children").read_text().split()]
+    return out
