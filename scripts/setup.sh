@@ -2,7 +2,8 @@
 # Set up everything gpudefrag needs on a fresh Debian 12/13 machine (as root). Idempotent.
 #   scripts/setup.sh python   the venv (.venv) with gpudefrag and its Python dependencies (enough for the demo)
 #   scripts/setup.sh all      also the Debian packages the tests drive for real: Slurm + munge, CRIU >= 4.1,
-#                             Chromium (dashboard browser test), the local Kubernetes control plane (Go)
+#                             Chromium (dashboard browser test), the local Kubernetes control plane (Go) and
+#                             its real nodes (kubelet, containerd, runc, CNI plugins, the test images)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=${1:-python}
@@ -28,6 +29,8 @@ if [ "$want" = all ]; then
   [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
   scripts/install-criu.sh
   tools/kubecluster/build.sh >/dev/null  # the Kubernetes control plane (cached; ~20 min the first time)
+  tools/kubenode/build.sh >/dev/null     # real nodes: kubelet, containerd, runc, device plugin (cached)
+  tools/kubenode/images.sh build >/dev/null  # their images: pause, counter (cached)
 fi
 
 PY=${PYTHON:-python3}

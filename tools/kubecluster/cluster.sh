@@ -96,6 +96,7 @@ cert admin "/O=system:masters/CN=gpudefrag-admin"
 cert controller-manager /CN=system:kube-controller-manager
 cert scheduler /CN=system:kube-scheduler
 cert kwok "/O=system:masters/CN=kwok-controller"
+cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"  # logs/exec on real nodes
 ossl genrsa -out "$pki/sa.key" 2048
 ossl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
 chmod 600 "$pki"/*.key
@@ -127,6 +128,8 @@ exec "$bin/kube-apiserver" --etcd-servers http://127.0.0.1:$ETCD_PORT \\
   --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.0.0.0/24 \\
   --authorization-mode Node,RBAC --allow-privileged \\
   --enable-admission-plugins NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultTolerationSeconds,Priority,ResourceQuota,NodeRestriction \\
+  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \\
+  --kubelet-preferred-address-types InternalIP \\
   --profiling=false --max-requests-inflight 1000 --max-mutating-requests-inflight 500 -v 1
 CMD
 cat > "$dir/cmd/kube-controller-manager" <<CMD

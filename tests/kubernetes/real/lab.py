@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "tools" / "kubecluster"
 H100 = "NVIDIA-H100-80GB-HBM3"
 GPU = "nvidia.com/gpu"
 TEST_LABEL = "gpudefrag.io/test"  # on every namespace a test creates, so reset finds them
+REAL_NODE_LABEL = "gpudefrag.io/kubenode"  # on real kubelet nodes (tools/kubenode): reset leaves them alone
 
 
 def ready(obj: dict[str, Any]) -> bool:
@@ -122,6 +123,27 @@ def pdb(name: str, ns: str, match: dict[str, str], *, min_available: int | None 
         spec["maxUnavailable"] = max_unavailable
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name, "namespace": ns},
             "spec": spec}
+
+
+def start_lab(d: Path, require: Callable[[str, str], NoReturn]) -> KubeLab:
+    """Start a control plane in `d` from the cached binaries (tools/kubecluster/build.sh, which
+    `scripts/setup.sh all` runs; a build takes many minutes, so here it is only reused). What cannot start is
+    `require("KUBE", why)`: a failure under GPUDEFRAG_REQUIRE_KUBE=1, else a loud skip."""
+    build = subprocess.run([str(TOOLS / "build.sh")], capture_output=True, text=True,
+                           env={**os.environ, "GPUDEFRAG_KUBE_NO_BUILD": "1"}, timeout=60)
+    if build.returncode != 0:
+        why = build.stderr.strip().splitlines()[-1] if build.stderr.strip() else "build.sh failed"
+        require("KUBE", f"KUBERNETES CONTROL PLANE CANNOT RUN HERE ({why}); real-cluster tests are SKIPPED")
+    p = subprocess.run([str(TOOLS / "cluster.sh"), "start", str(d)], capture_output=True, text=True, timeout=400)
+    if p.returncode != 0:
+        subprocess.run([str(TOOLS / "cluster.sh"), "stop", str(d)], capture_output=True, timeout=60)
+        why = f"cluster.sh start failed: {p.stderr.strip()[-1500:]}"
+        require("KUBE", f"KUBERNETES CONTROL PLANE CANNOT RUN HERE ({why}); real-cluster tests are SKIPPED")
+    return KubeLab(d, Path(build.stdout.strip()))
+
+
+def stop_lab(lab: KubeLab) -> None:
+    subprocess.run([str(TOOLS / "cluster.sh"), "stop", str(lab.dir)], capture_output=True, timeout=60)
 
 
 DUMP_KINDS = "nodes,pods,resourcequotas,poddisruptionbudgets,events"
@@ -278,11 +300,12 @@ class KubeLab:
                 self.kubectl("-n", n, "delete", "pods", "--all", "--force", "--grace-period=0", "--wait=false",
                              check=False)
             self.kubectl("delete", "namespace", *ns, "--wait=false", check=False)
-        self.kubectl("delete", "nodes", "--all", "--wait=false", check=False)
+        self.kubectl("delete", "nodes", "-l", f"!{REAL_NODE_LABEL}", "--wait=false", check=False)
 
         def empty() -> bool:
             left = [n for n in self.get("namespaces")["items"] if (n["metadata"].get("labels") or {}).get(TEST_LABEL)]
-            return not left and not self.get("nodes")["items"]
+            return not left and not any(REAL_NODE_LABEL not in (n["metadata"].get("labels") or {})
+                                        for n in self.get("nodes")["items"])
 
         self.wait("test namespaces and nodes to go", empty, timeout=180)
         self.restart("kwok")

@@ -1,0 +1,119 @@
+"""Real kubelet nodes beside the control plane (tools/kubenode/node.sh): each a kubelet + containerd + runc +
+CRIU in its own mount namespace, advertising fake `nvidia.com/gpu` through the project's device plugin, pulling
+from the lab registry on 127.0.0.1. What a test needs to reach them: the kubelet API (with the cluster CA and a
+client certificate), paths inside a node translated to the host, the registry, the images."""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import subprocess
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..lab import REPO, KubeLab
+
+NODE_TOOLS = REPO / "tools" / "kubenode"
+NODE_SH = NODE_TOOLS / "node.sh"
+COUNTER = "gpudefrag/counter:dev"   # tools/kubenode/images.sh pushes it
+COUNT = re.compile(r"^count (\d+)$", re.M)
+
+
+def read_env(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+@dataclass
+class RealNode:
+    """One node as node.sh wrote it down in DIR/nodes/NAME/env."""
+
+    name: str
+    dir: Path
+    env: dict[str, str]
+
+    @property
+    def ip(self) -> str:
+        return self.env["NODE_IP"]
+
+    @property
+    def kubelet_url(self) -> str:
+        return f"https://{self.ip}:{self.env['KUBELET_PORT']}"
+
+    def host_path(self, in_node: str) -> Path:
+        """A path the kubelet reports (its root is /var/lib/kubelet inside the node's mount namespace) on the host."""
+        root = self.env["KUBELET_ROOT_IN_NODE"]
+        if not in_node.startswith(root + "/"):
+            raise ValueError(f"{in_node} is not under the kubelet root {root}")
+        return Path(self.env["KUBELET_ROOT"]) / in_node[len(root) + 1:]
+
+
+@dataclass
+class KubeNodes:
+    lab: KubeLab
+    nodes: dict[str, RealNode]
+    registry: str          # 127.0.0.1:PORT, plain HTTP
+
+    def image(self, repo_tag: str) -> str:
+        """An image in the lab registry by its loopback name. Not the registry.gpudefrag.test alias: a restore
+        pulls the checkpoint's base image (recorded as the original pod named it) with containerd's default
+        resolver, which ignores the nodes' hosts.toml and speaks plain HTTP to loopback registries only."""
+        return f"{self.registry}/{repo_tag}"
+
+    @classmethod
+    def read(cls, lab: KubeLab) -> KubeNodes:
+        nodes = {}
+        for env in sorted((lab.dir / "nodes").glob("*/env")):
+            e = read_env(env)
+            nodes[e["NODE_NAME"]] = RealNode(e["NODE_NAME"], env.parent, e)
+        return cls(lab, nodes, read_env(lab.dir / "registry" / "env")["REGISTRY"])
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The admin's client certificate (system:masters: the kubelet's webhook authorizer lets it checkpoint),
+        the cluster CA verifying the kubelet's serving certificate."""
+        pki = self.lab.dir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return ctx
+
+    def kubelet(self, node: str, method: str, path: str, timeout: float = 120) -> Any:
+        req = urllib.request.Request(self.nodes[node].kubelet_url + path, method=method)
+        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=timeout) as r:
+            return json.loads(r.read() or b"null")
+
+    def checkpoint(self, node: str, ns: str, pod: str, container: str) -> Path:
+        """The kubelet's checkpoint API; returns the archive's path on the host."""
+        got = self.kubelet(node, "POST", f"/checkpoint/{ns}/{pod}/{container}")
+        return self.nodes[node].host_path(got["items"][0])
+
+    def push_checkpoint_image(self, archive: Path, container: str, repo_tag: str, out: Path) -> str:
+        """The archive as the single layer of an OCI image whose manifest names the container (what containerd
+        restores from); pushed to the lab registry. Returns the image name the nodes pull."""
+        subprocess.run(["python3", str(NODE_TOOLS / "oci.py"), "build", str(out), "--ref",
+                        self.image(repo_tag), "--layer-tar", str(archive),
+                        "--annotation", f"org.criu.checkpoint.container.name={container}"],
+                       check=True, capture_output=True, timeout=300)
+        subprocess.run(["python3", str(NODE_TOOLS / "oci.py"), "push", str(out), self.registry, repo_tag],
+                       check=True, capture_output=True, timeout=300)
+        return self.image(repo_tag)
+
+    def logs(self, ns: str, pod: str, container: str = "main") -> str:
+        return self.lab.kubectl("-n", ns, "logs", pod, "-c", container).stdout
+
+
+def counts(log: str) -> list[int]:
+    return [int(m) for m in COUNT.findall(log)]
+
+
+def counter_pod(name: str, node: str, gpus: int, image: str, *, hold_mib: int = 0) -> dict[str, Any]:
+    """The counter workload pinned to a real node by its hostname label (the scheduler still places it: GPUs)."""
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "counter"}},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
+                     "automountServiceAccountToken": False, "restartPolicy": "Never", "enableServiceLinks": False,
+                     "containers": [{"name": "main", "image": image, "imagePullPolicy": "IfNotPresent",
+                                     "env": [{"name": "HOLD_MIB", "value": str(hold_mib)}],
+                                     "resources": {"limits": limits,
+                                                   "requests": {"cpu": "10m", "memory": "16Mi", **limits}}}]}}
