@@ -7,8 +7,12 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
+
 from ..lab import ready
 from .lab import COUNTER, KubeNodes, counter_pod, counts
+
+pytestmark = pytest.mark.kube
 
 
 def test_two_real_nodes_advertise_fake_gpus_with_gfd_labels(kube_nodes: KubeNodes) -> None:
