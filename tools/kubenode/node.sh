@@ -9,7 +9,8 @@
 #   node.sh registry-up DIR     docker-registry on 127.0.0.1:<free port>, the images pushed (cached build)
 #   node.sh registry-down DIR
 #   node.sh exec DIR NAME CMD.. run CMD inside the node's mount namespace (e.g. ctr, which reads $CONTAINERD_ADDRESS)
-#   node.sh restart DIR NAME C  restart one component C (kubelet, containerd, fakegpu-plugin) with its command line
+#   node.sh stop DIR NAME C     stop one component C (kubelet, containerd, fakegpu-plugin): e.g. the node goes NotReady
+#   node.sh restart DIR NAME C  (re)start it with its command line
 # Each node: DIR/nodes/NAME holds its containerd root/state/socket/config, kubelet root, certificates, logs; its
 # own mount namespace puts that node's folders over the host paths no flag can move (/var/lib/kubelet with the
 # device-plugin socket, /var/log/pods, /var/log/containers, /var/lib/cni, /run/containerd, /run/netns); its own
@@ -21,7 +22,7 @@
 # k=v,k=v labels), GPUDEFRAG_CRIU (criu binary; default: `command -v criu`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage="usage: node.sh lab-up|lab-down|up|down|registry-up|registry-down|exec|restart DIR [NAME] ..."
+usage="usage: node.sh lab-up|lab-down|up|down|registry-up|registry-down|exec|stop|restart DIR [NAME] ..."
 cmd=${1:?$usage}
 dir=${2:?$usage}
 log() { printf '[kubenode] %s\n' "$*" >&2; }
@@ -75,7 +76,9 @@ registry_up() {  # start the registry unless it runs; (re)push the images either
     port=$(sed -n 's/^REGISTRY=127.0.0.1://p' "$r/env")
   else
     "$here/build.sh" >/dev/null
-    read -r port <<<"$(free_ports 1)"
+    # a restart (registry-down, then -up: the "registry down" fault) keeps the port, so image names stay valid
+    port=$(sed -n 's/^  addr: 127.0.0.1://p' "$r/config.yml" 2>/dev/null || true)
+    [ -n "$port" ] || read -r port <<<"$(free_ports 1)"
     cat > "$r/config.yml" <<CFG
 version: 0.1
 log: {level: warn, accesslog: {disabled: true}}
@@ -458,11 +461,14 @@ exec)
   alive "$n/pids/holder" || { log "node $name is not up"; exit 1; }
   CONTAINERD_ADDRESS=$n/containerd/containerd.sock CONTAINERD_NAMESPACE=k8s.io \
     exec nsenter --mount="/proc/$(cat "$n/pids/holder-ns")/ns/mnt" -- "$@" ;;
-restart)
+stop|restart)
   name=${3:?node name}; c=${4:?component: kubelet, containerd or fakegpu-plugin}
   n=$dir/nodes/$name
+  [ -f "$n/cmd/$c" ] && [ "$c" != holder ] || { log "no component $c on node $name"; exit 2; }
   stop_pidfile "$n/pids/$c"
-  setsid bash "$n/cmd/$c" >>"$n/logs/$c.log" 2>&1 < /dev/null &
-  echo $! > "$n/pids/$c" ;;
+  if [ "$cmd" = restart ]; then
+    setsid bash "$n/cmd/$c" >>"$n/logs/$c.log" 2>&1 < /dev/null &
+    echo $! > "$n/pids/$c"
+  fi ;;
 *) log "$usage"; exit 2 ;;
 esac
