@@ -168,7 +168,12 @@ class WorkloadIn(_Strict):
 class QuotaIn(_Strict):
     namespace: Name
     gpu_limit: NonNeg
-    gpu_used: NonNeg | None = None
+    gpu_used: NonNeg | None = Field(None, description="GPUs the quota charges now (absent: summed from the "
+                                    "workloads, as charged_at says)")
+    charged_at: Literal["create", "start"] = Field(
+        "start", description="create: charged when a workload is created (Kubernetes ResourceQuota), so gpu_used "
+        "includes pending workloads and never holds back one that exists; start: charged when it starts (Slurm "
+        "GrpTRES), so gpu_used counts running jobs and a pending job waits while used + request > limit")
 
 
 class NodeGroupIn(_Strict):
@@ -307,7 +312,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
         return ClusterState.build(
             nodes,
             workloads,
-            quotas=[Quota(q.namespace, q.gpu_limit, q.gpu_used) for q in snap.quotas],
+            quotas=[Quota(q.namespace, q.gpu_limit, q.gpu_used, q.charged_at) for q in snap.quotas],
             node_groups=[NodeGroup(g.name, g.current, g.maximum, g.gpu_model, g.gpus_per_node)
                          for g in snap.node_groups],
             now=snap.now,
@@ -428,7 +433,9 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
         doc["scheduler"] = state.scheduler
     if state.quotas:
         doc["quotas"] = [{"namespace": q.namespace, "gpu_limit": q.gpu_limit,
-                          **({"gpu_used": q.gpu_used} if q.gpu_used is not None else {})} for q in state.quotas]
+                          **({"gpu_used": q.gpu_used} if q.gpu_used is not None else {}),
+                          **({"charged_at": q.charged_at} if q.charged_at != "start" else {})}
+                         for q in state.quotas]
     if state.node_groups:
         doc["node_groups"] = [{"name": g.name, "current": g.current, "maximum": g.maximum,
                                **({"gpu_model": g.gpu_model} if g.gpu_model else {}),

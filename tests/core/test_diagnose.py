@@ -47,7 +47,57 @@ def test_quota_exceeded_even_though_it_fits():
     )
     got, d = codes(s)
     assert got == (C.QUOTA_EXCEEDED, C.FITS_NOW)
-    assert d.causes[0].evidence == {"namespace": "team", "limit": 5, "used": 4.0, "requested": 2.0}
+    assert d.causes[0].evidence == {"namespace": "team", "limit": 5, "used": 4.0, "requested": 2.0,
+                                    "charged_at": "start"}
+
+
+def test_a_quota_charged_at_creation_never_holds_back_a_pod_that_exists():
+    """Kubernetes: `used` counts the pending pod already (hard=8, used=8 with 4 running and the 4-GPU pod
+    pending); the quota does not stop it being scheduled, so no quota cause. A workload whose pods the quota
+    refused to create (FailedCreate) and a hypothetical request are charged on creation: those are blocked."""
+    q = [{"namespace": "team", "gpu_limit": 8, "gpu_used": 8, "charged_at": "create"}]
+    s = build([node("a")], [job("x", 4, "a", namespace="team"), job("big", 4, namespace="team")], quotas=q)
+    assert codes(s)[0] == (C.FITS_NOW,)
+    refused = ("Error creating: pods \"big-x7k2p\" is forbidden: exceeded quota: gpu-quota, requested: "
+               "requests.nvidia.com/gpu=4, used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8")
+    s2 = build([node("a")], [job("x", 8, "a", namespace="team"), job("big", 4, namespace="team",
+                                                                   scheduler_reason=refused)],
+               quotas=[{**q[0], "gpu_used": 8}])
+    got, d = codes(s2)
+    assert got[0] == C.QUOTA_EXCEEDED and "quota admission refuses them" in d.causes[0].summary
+    assert "QOS" not in d.causes[0].summary and "scheduler says" not in d.causes[0].summary
+    hypo = diagnose_request(s, Request(4), namespace="team")
+    assert hypo.codes[0] == C.QUOTA_EXCEEDED
+    # with `used` absent, a quota charged at creation sums the pending pods too (8 charged of 8 here)
+    s3 = build([node("a")], [job("x", 4, "a", namespace="team"), job("big", 4, namespace="team")],
+               quotas=[{"namespace": "team", "gpu_limit": 8, "charged_at": "create"}])
+    assert codes(s3)[0] == (C.FITS_NOW,)
+    assert diagnose_request(s3, Request(1), namespace="team").codes[0] == C.QUOTA_EXCEEDED
+
+
+def test_every_node_tainted_is_taints_not_a_full_cluster():
+    """The scheduler says `3 node(s) had untolerated taint(s)`: with 12 GPUs free on tainted nodes and none
+    fitting 8 on one node, the cause names the taint, the nodes it excludes and the room left (none)."""
+    taint = [{"key": "dedicated", "value": "inference", "effect": "NoSchedule"}]
+    s = build([node(n, taints=taint) for n in "abc"],
+              [job("x", 4, "a"), job("y", 4, "b"), job("z", 4, "c"), job("big", 8)])
+    got, d = codes(s)
+    assert got[0] == C.TAINTS_OR_SELECTORS, d
+    c = d.causes[0]
+    assert "taint dedicated=inference:NoSchedule excludes a, b, c" in c.summary, c.summary
+    assert c.evidence["excluded_free_gpus"] == 12 and c.evidence["allowed_free_gpus"] == 0
+    assert "the cluster is full" not in " ".join(x.summary for x in d.causes)
+
+
+def test_some_nodes_tainted_names_the_taint_and_the_room_left():
+    taint = [{"key": "dedicated", "value": "inference", "effect": "NoSchedule"}]
+    s = build([node("a"), node("b", taints=taint), node("c", taints=taint)],
+              [job("x", 6, "a"), job("y", 4, "b"), job("z", 4, "c"), job("big", 8)])
+    got, d = codes(s)
+    assert got[0] == C.TAINTS_OR_SELECTORS, d
+    c = d.causes[0]
+    assert "excludes b, c" in c.summary and "the 1 node(s) it may use have 2 GPU(s) free" in c.summary, c.summary
+    assert c.evidence["allowed_free_gpus"] == 2 and c.evidence["excluded_free_gpus"] == 8
 
 
 def test_quota_of_another_namespace_does_not_apply():

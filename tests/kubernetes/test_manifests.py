@@ -42,7 +42,8 @@ def test_rbac_is_least_privilege() -> None:
     # what the engine calls (live.py, executor.py)
     needed = {("", "nodes", "list"), ("", "pods", "list"), ("", "pods", "create"), ("", "pods", "patch"),
               ("", "pods/eviction", "create"), ("", "nodes/proxy", "create"), ("", "events", "list"),
-              ("policy", "poddisruptionbudgets", "list"), ("", "resourcequotas", "list")}
+              ("policy", "poddisruptionbudgets", "list"), ("", "resourcequotas", "list"),
+              ("apps", "replicasets", "list"), ("batch", "jobs", "list")}
     assert needed <= granted
     assert not any("*" in x for t in granted for x in t)
     assert not {("", "secrets", v) for v in ("get", "list")} & granted

@@ -60,7 +60,15 @@ def kube_scenarios(f: Any) -> dict[str, list[dict[str, Any]]]:
     nodes = [f.node(n) for n in NODES]
     s = {
         "plain-fragmentation": nodes + fragmented_pods(f) + pending(f),
-        "quota-blocked": nodes + fragmented_pods(f) + pending(f, ns="team-a") + [f.quota("team-a", 8, 8)],
+        # a ResourceQuota never holds back a pod that exists (its `used` counts the pending one already): it
+        # refuses to create the pods, and the ReplicaSet's FailedCreate event is all there is (as the real
+        # admission says it, tests/kubernetes/real/test_causes_real.py)
+        "quota-blocked": nodes + fragmented_pods(f) + [
+            f.quota("team-a", 4, 0), f.controller_of("ReplicaSet", "team-a", "train-8g", 8),
+            f.event("team-a", "ReplicaSet", "train-8g", "FailedCreate",
+                    'Error creating: pods "train-8g-x7k2p" is forbidden: exceeded quota: gpu-quota, requested: '
+                    "requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=0, limited: requests.nvidia.com/gpu=4",
+                    component="replicaset-controller")],
         # the cheapest node to clear holds a StatefulSet's pod: the plan must clear another one
         "non-movable": nodes + fragmented_pods(f, owners={"3-job-0": ("StatefulSet", "kv-cache"),
                                                          "3-job-1": ("StatefulSet", "kv-cache")}) + pending(f),

@@ -27,7 +27,7 @@ POLICY = "trigger:\n  on_request: false\n  pending: {longer_than_s: 0}\nbudgets:
 # scenario -> (pending job, causes, blocked?, what the plan must show)
 EXPECTED: dict[str, tuple[str, list[str], bool]] = {
     "plain-fragmentation": ("ml/train-8g", ["fragmentation"], False),
-    "quota-blocked": ("team-a/train-8g", ["quota-exceeded", "fragmentation"], True),
+    "quota-blocked": ("team-a/replicaset/train-8g", ["quota-exceeded", "fragmentation"], True),
     "autoscaler-at-max": ("ml/train-8g", ["autoscaler-at-max", "fragmentation"], True),
     "slurm-qos-limit": ("ml/train-8g", ["quota-exceeded", "fragmentation"], True),
     "slurm-assoc-limit": ("ml/train-8g", ["quota-exceeded", "fragmentation"], True),

@@ -1,5 +1,6 @@
 """`gpudefrag kube diagnose | snapshot | plan`: Kubernetes clusters, live (`--kube [--context C]`) or from a
-`kubectl get nodes,pods,resourcequotas,poddisruptionbudgets,events -A -o json` dump (a file or a folder)."""
+`kubectl get nodes,pods,resourcequotas,poddisruptionbudgets,events,replicasets,jobs -A -o json` dump
+(a file or a folder)."""
 
 from __future__ import annotations
 

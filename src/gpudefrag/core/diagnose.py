@@ -29,7 +29,7 @@ from .fragmentation import (
     whole_free_counts,
 )
 from .model import MILLI, ClusterState, Request, Workload, same_mig_profile
-from .scheduler_reasons import SLURM_LIMITS, ReasonClass, classify, guess_scheduler, slurm_limit
+from .scheduler_reasons import SLURM_LIMITS, ReasonClass, classify, guess_scheduler, refused_by_quota, slurm_limit
 
 
 class CauseCode(StrEnum):
@@ -120,6 +120,7 @@ class _Context:
         self.state = state
         self.whole = whole_free_counts(state)
         self._used_by_ns: dict[str, int] | None = None
+        self._charged_at_create: dict[str, int] | None = None
         self._mig_used: dict[tuple[str, str], int] | None = None
 
     def used_by_namespace(self) -> dict[str, int]:
@@ -129,6 +130,19 @@ class _Context:
                 used[w.namespace] = used.get(w.namespace, 0) + w.request.gpu_milli_total
             self._used_by_ns = used
         return self._used_by_ns
+
+    def charged_by_namespace(self, at_create: bool) -> dict[str, int]:
+        """GPU share a quota charges per namespace when it gives no `used`: running workloads, and for a quota
+        that charges at creation every pending one that exists too."""
+        if not at_create:
+            return self.used_by_namespace()
+        if self._charged_at_create is None:
+            used = dict(self.used_by_namespace())
+            for w in self.state.pending:
+                if not refused_by_quota(w.scheduler_reason):
+                    used[w.namespace] = used.get(w.namespace, 0) + w.request.gpu_milli_total
+            self._charged_at_create = used
+        return self._charged_at_create
 
     def mig_used(self, node: str, profile: str) -> int:
         """MIG slices of a profile running workloads hold on a node (one per part)."""
@@ -146,13 +160,17 @@ class Facts:
     """What the checks read about one request on one state: masks computed once, on first use."""
 
     def __init__(self, state: ClusterState, r: Request, ctx: _Context, namespace: str | None,
-                 scheduler_reason: str, movable: Callable[[Workload], bool] | None = None) -> None:
+                 scheduler_reason: str, movable: Callable[[Workload], bool] | None = None,
+                 workload_id: str | None = None) -> None:
         self.state = state
         self.movable = movable  # the planner's filter: evidence counts only the jobs it may move
         self.r = r
         self.ctx = ctx
         self.namespace = namespace
         self.scheduler_reason = scheduler_reason
+        self.exists = workload_id is not None and workload_id in state.workload_index
+        # a workload the quota admission refused to create (Kubernetes FailedCreate on its owner): no pod exists
+        self.refused_by_quota = refused_by_quota(scheduler_reason)
         self.counts = state.gpu_counts
         self.usable = state.usable_counts
         self.gpu_nodes = self.counts > 0
@@ -214,7 +232,8 @@ def cause_check(code: CauseCode) -> Callable[[Check], Check]:
 # ---------------------------------------------------------------------------------------------- the checks
 @cause_check(CauseCode.NOT_ELIGIBLE)
 def _scheduler_says(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
-    """The scheduler's own reason, when it names an ordinary cause (Slurm QOS*/Assoc*/*Limit are quotas) or says
+    """The scheduler's own reason, when it names an ordinary cause (Slurm QOS*/Assoc*/*Limit are quotas; on
+    Kubernetes, the quota admission's refusal to create the pods) or says
     the job is not eligible at all (held, dependency). Capacity reasons ("Resources") leave it to the checks."""
     if not f.scheduler_reason:
         return ()
@@ -224,6 +243,10 @@ def _scheduler_says(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
                       f"the scheduler does not consider the job at all ({f.scheduler_reason}): held, a dependency "
                       "or a begin time; no move can start it",
                       {"scheduler_reason": f.scheduler_reason, "source": "scheduler"}),)
+    if cls is ReasonClass.ORDINARY and code is not None and f.refused_by_quota:
+        return (Cause(CauseCode(code), f"the ResourceQuota admission refused to create its pods "
+                      f"({f.scheduler_reason}): no pod exists to schedule until the quota has room",
+                      {"scheduler_reason": f.scheduler_reason, "source": "quota admission"}),)
     if cls is ReasonClass.ORDINARY and code is not None:
         slurm = (f.state.scheduler or guess_scheduler(f.scheduler_reason)) == "slurm"
         limit = slurm_limit(f.scheduler_reason) if slurm else None
@@ -267,6 +290,10 @@ def _device_plugin(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
 
 @cause_check(CauseCode.QUOTA_EXCEEDED)
 def _quota(f: Facts, found: list[Cause]) -> Iterable[Cause]:
+    """A quota that charges at start (Slurm GrpTRES) holds a pending job back while used + request > limit. One
+    that charges at creation (Kubernetes ResourceQuota) has already charged every pod that exists, the pending
+    one included, and never stops it being scheduled: it blocks only a workload whose pods it refused to create
+    (`FailedCreate ... exceeded quota` on the owner), or a hypothetical request (a pod not created yet)."""
     ns, r = f.namespace, f.r
     if ns is None:
         return ()
@@ -274,13 +301,23 @@ def _quota(f: Facts, found: list[Cause]) -> Iterable[Cause]:
     for q in f.state.quotas:
         if q.namespace != ns:
             continue
-        used = q.gpu_used * MILLI if q.gpu_used is not None else f.ctx.used_by_namespace().get(ns, 0)
+        at_create = q.charged_at == "create"
+        if at_create and f.exists and not f.refused_by_quota:
+            continue  # charged already: `used` counts it, and the quota admission never unschedules a pod
+        derived = f.ctx.charged_by_namespace(at_create).get(ns, 0)
+        used = q.gpu_used * MILLI if q.gpu_used is not None else derived
         if used + r.gpu_milli_total > q.gpu_limit * MILLI:
+            if at_create:
+                what = (f"quota of {ns!r} allows {q.gpu_limit} GPU(s) and charges {_gpus(used)} already (every pod "
+                        f"that exists, pending ones too); creating this workload's pods needs "
+                        f"{_gpus(r.gpu_milli_total)} more, so the quota admission refuses them")
+            else:
+                what = (f"quota of {ns!r} allows {q.gpu_limit} GPU(s); {_gpus(used)} in use, "
+                        f"the request needs {_gpus(r.gpu_milli_total)} more")
             out.append(Cause(
-                CauseCode.QUOTA_EXCEEDED,
-                f"quota of {ns!r} allows {q.gpu_limit} GPU(s); {_gpus(used)} in use, "
-                f"the request needs {_gpus(r.gpu_milli_total)} more",
-                {"namespace": ns, "limit": q.gpu_limit, "used": used / MILLI, "requested": r.gpu_milli_total / MILLI},
+                CauseCode.QUOTA_EXCEEDED, what,
+                {"namespace": ns, "limit": q.gpu_limit, "used": used / MILLI, "requested": r.gpu_milli_total / MILLI,
+                 "charged_at": q.charged_at},
             ))
     return out
 
@@ -353,26 +390,48 @@ def _autoscaler(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
 
 @cause_check(CauseCode.TAINTS_OR_SELECTORS)
 def _taints(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
-    """Taints, selectors or partitions exclude the nodes that have room."""
+    """Taints, selectors or partitions exclude the nodes that would hold the request: a node with room that the
+    request may not use, or — when the nodes it may use cannot hold it even if their jobs moved (too few free
+    GPUs there in total) — any excluded node big enough with free GPUs. Names the taint or selector, the nodes it
+    excludes and the room left on the nodes the request may use."""
     if f.is_mig:
         return ()
-    r, nodes = f.r, f.state.nodes
-    excluded = f.gpu_fit & f.big_enough & f.state.schedulable_mask & ~f.eligible
-    if not excluded.any() or f.any_fit:
+    r, nodes, state = f.r, f.state.nodes, f.state
+    if f.any_fit:
         return ()
-    detail = []
+    whole = f.ctx.whole if r.gpu_milli >= MILLI else (state.free_milli > 0).sum(axis=1)
+    big = f.big_enough & state.schedulable_mask & ~f.eligible
+    with_room = big & f.gpu_fit
+    allowed_free = int(np.where(f.usable_here, whole, 0).sum())
+    allowed_block = int(np.where(f.usable_here, whole, 0).max()) if f.usable_here.any() else 0
+    too_little = allowed_free < r.gpus_per_node * r.node_count
+    excluded = with_room if with_room.any() else (big & (whole > 0) if too_little else big & False)
+    if not excluded.any():
+        return ()
+    detail, why = [], {}
     for i in np.flatnonzero(excluded)[:5]:
         n = nodes[i]
         if not tolerated(n, r.tolerations):
-            detail.append(f"{n.name}: untolerated taint " + ",".join(f"{t.key}={t.value}:{t.effect}" for t in n.taints))
+            taint = ",".join(f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
+                             for t in n.taints if t.effect != "PreferNoSchedule")
+            detail.append(f"{n.name}: untolerated taint {taint}")
+            why.setdefault(f"untolerated taint {taint}", []).append(n.name)
         elif not selector_matches(n, r.node_selector):
             detail.append(f"{n.name}: node selector does not match")
+            why.setdefault("node selector", []).append(n.name)
         elif r.partition and n.partitions and r.partition not in n.partitions:
             detail.append(f"{n.name}: not in partition {r.partition}")
+            why.setdefault(f"partition {r.partition}", []).append(n.name)
+    excl_free = int(np.where(excluded, whole, 0).sum())
+    allowed = int(f.usable_here.sum())
+    room = (f"the {allowed} node(s) it may use have {allowed_free} GPU(s) free (largest block {allowed_block})"
+            if allowed else "no node it may use is big enough")
+    names = "; ".join(f"{k} excludes {', '.join(v)}" for k, v in why.items())
     return (Cause(
         CauseCode.TAINTS_OR_SELECTORS,
-        f"{int(excluded.sum())} node(s) have room but the request may not use them ({'; '.join(detail)})",
-        {"nodes": _names(f.state, excluded, 20), "detail": detail},
+        f"{int(excluded.sum())} node(s) with {excl_free} GPU(s) free are closed to the request ({names}); {room}",
+        {"nodes": _names(f.state, excluded, 20), "detail": detail, "excluded_free_gpus": excl_free,
+         "allowed_nodes": allowed, "allowed_free_gpus": allowed_free, "allowed_largest_block": allowed_block},
     ),)
 
 
@@ -462,7 +521,9 @@ def _capacity(f: Facts, found: list[Cause]) -> Iterable[Cause]:
         return (Cause(
             CauseCode.INSUFFICIENT_GPUS,
             f"only {_gpus(free_total)} GPU(s) free where the request may run; it needs "
-            f"{_gpus(r.gpu_milli_total)}: the cluster is full, not fragmented",
+            f"{_gpus(r.gpu_milli_total)}: "
+            + ("the nodes it may use are full (taints or selectors close the others)"
+               if CauseCode.TAINTS_OR_SELECTORS in codes else "the cluster is full, not fragmented"),
             {"free_gpus": free_total / MILLI, "free_share": share_total / MILLI,
              "requested": r.gpu_milli_total / MILLI},
         ),)
@@ -604,7 +665,7 @@ def diagnose_request(
     movable: Callable[[Workload], bool] | None = None,
 ) -> Diagnosis:
     """Run every registered check in order; the causes come out sorted by code (ordinary first)."""
-    facts = Facts(state, r, _ctx or _Context(state), namespace, scheduler_reason, movable)
+    facts = Facts(state, r, _ctx or _Context(state), namespace, scheduler_reason, movable, workload_id)
     causes: list[Cause] = []
     for _code, check in CAUSE_CHECKS:
         causes.extend(check(facts, causes))
@@ -617,5 +678,6 @@ def diagnose_request(
 
 def _dedupe(causes: list[Cause]) -> list[Cause]:
     """A cause the scheduler named and a computed one of the same code: keep the computed one (its numbers)."""
-    computed = {c.code for c in causes if c.evidence.get("source") != "scheduler"}
-    return [c for c in causes if c.evidence.get("source") != "scheduler" or c.code not in computed]
+    said = ("scheduler", "quota admission")
+    computed = {c.code for c in causes if c.evidence.get("source") not in said}
+    return [c for c in causes if c.evidence.get("source") not in said or c.code not in computed]

@@ -228,11 +228,18 @@ class Workload:
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """A GPU quota on a namespace (Kubernetes ResourceQuota) or account (Slurm GrpTRES)."""
+    """A GPU quota on a namespace (Kubernetes ResourceQuota) or account (Slurm GrpTRES).
+
+    `charged_at` says what `gpu_used` counts. "create" (Kubernetes): a ResourceQuota charges a pod when it is
+    created, so `gpu_used` already includes every pod that exists, Pending ones too, and a quota never holds back
+    a pod that exists: it only refuses to create pods (`FailedCreate ... exceeded quota` on their owner). "start"
+    (Slurm GrpTRES, the simulator): a job is charged when it starts, so `gpu_used` counts running jobs and a
+    pending job waits while `used + request > limit`."""
 
     namespace: str
     gpu_limit: int  # whole GPUs
-    gpu_used: int | None = None  # None: derive from running workloads
+    gpu_used: int | None = None  # None: derived from the workloads (running ones; pending ones too for "create")
+    charged_at: str = "start"  # "create" | "start"
 
 
 @dataclass(frozen=True, slots=True)

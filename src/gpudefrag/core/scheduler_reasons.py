@@ -56,6 +56,15 @@ KUBE_RULES: tuple[tuple[re.Pattern[str], ReasonClass, str | None], ...] = (
     (re.compile(r"^SchedulingGated$|scheduling gates", re.I), ReasonClass.INELIGIBLE, None),
 )
 
+_QUOTA_REFUSAL = re.compile(r"exceeded quota|forbidden: exceeded", re.I)
+
+
+def refused_by_quota(reason: str) -> bool:
+    """Kubernetes: the ResourceQuota admission refused to create the workload's pods (`FailedCreate ... exceeded
+    quota` on its Job/ReplicaSet). A pod that exists is never refused by a quota, only one being created."""
+    return bool(_QUOTA_REFUSAL.search(reason))
+
+
 _SLURM_TOKEN = re.compile(r"^[A-Z][A-Za-z]*(,.*)?$")
 
 

@@ -146,7 +146,7 @@ def stop_lab(lab: KubeLab) -> None:
     subprocess.run([str(TOOLS / "cluster.sh"), "stop", str(lab.dir)], capture_output=True, timeout=60)
 
 
-DUMP_KINDS = "nodes,pods,resourcequotas,poddisruptionbudgets,events"
+DUMP_KINDS = "nodes,pods,resourcequotas,poddisruptionbudgets,events,replicasets,jobs"
 
 
 @dataclass

@@ -8,9 +8,12 @@ Mapping (documented in docs/kubernetes.md):
   or a NotReady condition makes the node unschedulable.
 - Pod: bound to a node (and not finished) = running, unbound `Pending` = pending. GPUs = the largest of the sum
   over containers and any init container (requests, else limits), plus GPUs of its DRA claims.
-- ResourceQuota `requests.nvidia.com/gpu` → Quota; the autoscaler status ConfigMap → NodeGroups.
+- ResourceQuota `requests.nvidia.com/gpu` → Quota charged at creation (`status.used` counts every pod that
+  exists, Pending ones too; a quota never holds back a pod that exists); the autoscaler status ConfigMap → NodeGroups.
 - A Job/ReplicaSet whose pods the quota admission refused leaves no pod, only `FailedCreate ... exceeded quota`
-  events: each becomes a pending workload `namespace/kind/name` with the GPUs the event says were requested.
+  events: each becomes a pending workload `namespace/kind/name` with the GPUs the event says were requested —
+  while that owner exists (same uid, created before the event) and still lacks pods, when the owners were
+  listed; an event outlives its object by an hour, and a ghost must not stay pending.
 """
 
 from __future__ import annotations
@@ -132,6 +135,7 @@ class EventInfo:
     message: str
     at: float | None
     component: str
+    uid: str = ""  # the involved object's uid: an event of a deleted object that was recreated is not its own
 
 
 @dataclass(frozen=True)
@@ -372,12 +376,15 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
             owners_pending.add((info.namespace, info.owner.kind, info.owner.name))
 
     # controllers whose pods the quota refused: pending workloads of their own
+    owners = _owners(objs)
     for (_key, kind, reason), e in sorted(latest.items()):
         if reason != "FailedCreate" or "exceeded quota" not in e.message:
             continue
         m = _QUOTA_REQ.search(e.message)
         if not m or (e.namespace, kind, e.name) in owners_pending:
             continue
+        if owners is not None and not _refusal_current(e, owners.get((e.namespace, kind, e.name))):
+            continue  # a ghost: its owner is gone, replaced, or has all its pods now
         wid = f"{e.namespace}/{kind.lower()}/{e.name}"
         if wid in infos:
             continue
@@ -386,6 +393,10 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
                                   submitted_at=e.at, scheduler_reason=e.message))
         infos[wid] = PodInfo(wid, e.namespace, e.name, "", None, "NotCreated", False, Owner(kind, e.name), "",
                              (), MappingProxyType({}), "FailedCreate event", synthetic=True)
+    if owners is None and any(r == "FailedCreate" for (_k, _kind, r) in latest):
+        b.warnings.append(f"{objs.source}: holds no ReplicaSets or Jobs: FailedCreate events are counted without "
+                          "checking that their owner still exists (dump with `kubectl get nodes,pods,"
+                          "resourcequotas,poddisruptionbudgets,events,replicasets,jobs -A -o json`)")
 
     quotas = [q for at in objs.quotas if (q := _quota(at)) is not None]
     pdbs = tuple(_pdb(at) for at in objs.pdbs)
@@ -473,11 +484,14 @@ def _pod(
     for c in conditions:
         if c.text("type") == "PodScheduled" and c.text("status") == "False":
             reason, source = c.text("message") or c.text("reason") or "", "PodScheduled"
+    uid = meta.text("uid", "") or ""
     if not node_name and not reason:
         ev = latest.get((wid, "Pod", "FailedScheduling"))
-        if ev:
+        if ev and (not ev.uid or not uid or ev.uid == uid):  # not the events of a deleted pod of the same name
             reason, source = ev.message, "FailedScheduling event"
     auto = latest.get((wid, "Pod", "NotTriggerScaleUp"))
+    if auto and auto.uid and uid and auto.uid != uid:
+        auto = None
     ready = any(c.text("type") == "Ready" and c.text("status") == "True" for c in conditions)
     containers = tuple(c.req_str("name") for c in spec.objects("containers"))
     w = Workload(
@@ -545,7 +559,46 @@ def _event(at: At) -> EventInfo:
         message=at.text("message") or at.text("note") or "",
         at=when,
         component=comp or "",
+        uid=obj.text("uid") or "",
     )
+
+
+@dataclass(frozen=True)
+class _OwnerState:
+    uid: str
+    created: float | None
+    lacks_pods: bool  # it wants more pods than it has: a quota refusal may still hold it back
+
+
+def _owners(objs: KubeObjects) -> dict[tuple[str, str, str], _OwnerState] | None:
+    """The ReplicaSets and Jobs by (namespace, kind, name), or None when the source did not list them."""
+    if not objs.owners_known:
+        return None
+    out: dict[tuple[str, str, str], _OwnerState] = {}
+    for kind, items in (("ReplicaSet", objs.replicasets), ("Job", objs.jobs)):
+        for at in items:
+            meta, spec, status = at.obj("metadata"), at.obj("spec"), at.obj("status")
+            if kind == "ReplicaSet":
+                lacks = (status.integer("replicas", 0) or 0) < (spec.integer("replicas", 1) or 0)
+            else:
+                done = any(c.text("type") in ("Complete", "Failed") and c.text("status") == "True"
+                           for c in status.objects("conditions"))
+                want = spec.integer("parallelism", 1) or 0
+                left = (spec.integer("completions", want) or 0) - (status.integer("succeeded", 0) or 0)
+                lacks = not done and (status.integer("active", 0) or 0) < min(want, left)
+            out[(meta.text("namespace") or "default", kind, meta.text("name") or "")] = _OwnerState(
+                meta.text("uid", "") or "", meta.time("creationTimestamp"), lacks)
+    return out
+
+
+def _refusal_current(e: EventInfo, owner: _OwnerState | None) -> bool:
+    """A FailedCreate event counts only while its object exists (the same one: uid, and not older than it) and
+    still lacks pods."""
+    if owner is None or not owner.lacks_pods:
+        return False
+    if e.uid and owner.uid and e.uid != owner.uid:
+        return False
+    return not (e.at is not None and owner.created is not None and e.at < owner.created)
 
 
 def _quota(at: At) -> Quota | None:
@@ -554,7 +607,8 @@ def _quota(at: At) -> Quota | None:
     for k in QUOTA_KEYS:
         limit = hard.count(k)
         if limit is not None:
-            return Quota(meta.text("namespace") or "default", limit, used.count(k))
+            # a ResourceQuota charges pods when they are created: `used` includes the Pending ones
+            return Quota(meta.text("namespace") or "default", limit, used.count(k), charged_at="create")
     return None
 
 

@@ -1,5 +1,6 @@
-"""Read an offline dump: what `kubectl get nodes,pods,resourcequotas,poddisruptionbudgets,events -A -o json`
-prints (a `List`), one such file or a folder of them (`*.json`, `*.yaml`), into the API objects grouped by kind.
+"""Read an offline dump: what `kubectl get nodes,pods,resourcequotas,poddisruptionbudgets,events,replicasets,jobs
+-A -o json` prints (a `List`), one such file or a folder of them (`*.json`, `*.yaml`), into the API objects
+grouped by kind.
 
 The live reader produces the same `KubeObjects`, so both sources go through one converter (`convert.py`).
 """
@@ -25,6 +26,8 @@ KINDS = {
     "ConfigMap": "configmaps",
     "ResourceSlice": "resource_slices",
     "ResourceClaim": "resource_claims",
+    "ReplicaSet": "replicasets",
+    "Job": "jobs",
 }
 DUMP_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -42,7 +45,16 @@ class KubeObjects:
     configmaps: list[At] = field(default_factory=list)
     resource_slices: list[At] = field(default_factory=list)
     resource_claims: list[At] = field(default_factory=list)
+    replicasets: list[At] = field(default_factory=list)
+    jobs: list[At] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
+    # the owners (ReplicaSets, Jobs) were listed, even if none exist: a `FailedCreate` event then counts only
+    # while its owner exists and still lacks pods. A dump that holds neither kind cannot say, and is trusted.
+    owners_listed: bool = False
+
+    @property
+    def owners_known(self) -> bool:
+        return self.owners_listed or bool(self.replicasets or self.jobs)
 
     def add(self, item: At) -> None:
         kind = item.text("kind")
@@ -112,7 +124,7 @@ def load_objects(path: str | os.PathLike[str]) -> KubeObjects:
         add_document(objs, read_document(p), str(path))
     if not objs.nodes:
         raise InputError(str(path), "items", "holds no Node objects; dump with `kubectl get nodes,pods,resourcequotas,"
-                         "poddisruptionbudgets,events -A -o json`")
+                         "poddisruptionbudgets,events,replicasets,jobs -A -o json`")
     return objs
 
 

@@ -59,6 +59,7 @@ def sources(api: Any) -> list[Source]:
     from kubernetes import client
 
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
     return [
         Source("nodes", "Node", core.list_node),
         Source("pods", "Pod", core.list_pod_for_all_namespaces),
@@ -67,6 +68,9 @@ def sources(api: Any) -> list[Source]:
                optional=True),
         *(Source(f"events {r}", "Event", core.list_event_for_all_namespaces, {"field_selector": f"reason={r}"},
                  optional=True) for r in EVENT_REASONS),
+        # the owners a FailedCreate event names: the event counts only while its owner exists and lacks pods
+        Source("replicasets", "ReplicaSet", apps.list_replica_set_for_all_namespaces, optional=True),
+        Source("jobs", "Job", batch.list_job_for_all_namespaces, optional=True),
     ]
 
 
@@ -144,6 +148,7 @@ def assemble(lists: list[tuple[Source, list[dict[str, Any]]]], configmap: dict[s
     if configmap is not None:
         docs.append(("configmap", {"apiVersion": "v1", "kind": "List", "items": [configmap]}))
     objs = objects_from_documents(docs, f"cluster ({call.where})")
+    objs.owners_listed = {"ReplicaSet", "Job"} <= {s.kind for s, _ in lists}
     if not objs.nodes:
         raise InputError("cluster", call.where, "the cluster reports no nodes")
     with bulk_allocation():  # as for a dump: measured, the collector's passes cost as much as the conversion

@@ -50,7 +50,7 @@ def load_cluster_state(path: str | os.PathLike[str] | None, *, kube: bool = Fals
         add_document(objs, doc, str(path))
         if not objs.nodes:
             raise InputError(str(path), "items", "holds no Node objects; dump with `kubectl get nodes,pods,"
-                             "resourcequotas,poddisruptionbudgets,events -A -o json`")
+                             "resourcequotas,poddisruptionbudgets,events,replicasets,jobs -A -o json`")
         with bulk_allocation():
             return to_cluster(objs, strict=True).state
     return load_snapshot_dict(doc, str(path))
