@@ -299,3 +299,31 @@ def test_a_filter_that_excludes_every_job_is_named_with_its_count(state, tmp_pat
     no_plan = [d.reason for d in r.decisions if d.kind == "plan" and "no plan" in d.reason]
     assert no_plan and "0 of 8 running jobs may move (excluded: 8 by filter.max_priority <= 10000)" in no_plan[0]
     assert j.all() == []
+
+def test_migrations_finds_the_journal_the_controller_kept(state, tmp_path: Path) -> None:
+    """`migrations` without --journal reads the journal the last controller run here kept (not only the default
+    path); with none, one error line saying where it looked and what to pass."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from gpudefrag.snapshot import save_snapshot
+
+    env = {"PATH": "/usr/bin", "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "GPUDEFRAG_STATE_DIR": str(tmp_path / "nowhere")}
+    cmd = [sys.executable, "-m", "gpudefrag.cli.main"]
+    p = subprocess.run([*cmd, "migrations"], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "pass --journal PATH" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    snap, pol = tmp_path / "snap.json", tmp_path / "pol.yaml"
+    save_snapshot(snap, state)
+    pol.write_text(yaml.safe_dump({"trigger": {"pending": {"longer_than_s": 10}, "on_request": True}}))
+    p = subprocess.run([*cmd, "controller", "--engine", "sim", "--snapshot", str(snap), "--policy", str(pol),
+                        "--journal", str(tmp_path / "elsewhere" / "j.db"), "--once"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([*cmd, "migrations", "--json"], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["journal"] == str(tmp_path / "elsewhere" / "j.db") and len(doc["migrations"]) == 2

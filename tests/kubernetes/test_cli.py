@@ -97,3 +97,26 @@ def test_live_without_kubeconfig_is_exit_2(cli, tmp_path: Path, monkeypatch) -> 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     code, _, err = cli("diagnose", "--kube", "--context", "nowhere")
     assert code == 2 and "kubeconfig" in err
+
+
+def test_kube_plan_text_names_the_pod_the_node_and_the_dry_run_steps(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = cli("kube", "plan", FRAG, "--dry-run")
+    assert code == 0
+    text = " ".join(out.split())
+    assert "plan for ml/train-8g (8 GPU): 2 move(s) free gpu-node-3" in text, text
+    # the dry run's steps, as --json gives them, without --json
+    assert "dry run ml/batch-infer-1: ok" in text and "create-replacement ok batch-infer-1-mv-" in text, text
+    assert "evict-original ok batch-infer-1 evicted" in text
+
+
+def test_kube_plan_does_not_call_a_recreate_move_a_restore(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    doc = json.loads(Path(FRAG).read_text())
+    for it in doc["items"]:
+        if it["kind"] == "Pod" and it["metadata"]["name"].startswith("batch-infer"):
+            it["metadata"].setdefault("annotations", {})["gpudefrag.io/move"] = "recreate"
+    f = tmp_path / "dump.json"
+    f.write_text(json.dumps(doc))
+    code, out, _ = cli("kube", "plan", str(f), "--json")
+    assert code == 0
+    details = [o["detail"] for m in json.loads(out)["moves"] for o in m["ops"] if o["op"] == "create-replacement"]
+    assert details and all("started fresh" in d and "checkpoint" not in d for d in details), details

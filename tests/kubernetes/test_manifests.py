@@ -66,3 +66,12 @@ def test_deployment_runs_the_kubernetes_controller() -> None:
     assert c["args"][:3] == ["controller", "--engine", "kubernetes"]
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "gpudefrag-controller"
     assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_the_kubernetes_example_policy_is_the_one_the_deployment_ships() -> None:
+    """examples/policies/kubernetes.yaml and the ConfigMap hold one policy: the example is what a first run with
+    `--policy` uses, the ConfigMap what the deployment mounts."""
+    cm = next(d for _, d in DOCS if d["kind"] == "ConfigMap")
+    example = (DEPLOY.parents[1] / "examples" / "policies" / "kubernetes.yaml").read_text()
+    body = "".join(line for line in example.splitlines(keepends=True) if not line.startswith("#"))
+    assert body == cm["data"]["policy.yaml"]

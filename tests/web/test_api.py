@@ -277,3 +277,23 @@ def test_a_live_engine_is_observed_and_read_only() -> None:
     assert r.status_code == 200 and r.json()["mode"] == "signalled"
     assert engine.calls == [("signal:USR2", "train-resnet")]
     assert c.post("/api/workloads/pretrain-8gpu/checkpoint", headers=AUTH).status_code == 409
+
+
+def test_pending_counts_gpu_jobs_and_would_fit_names_only_clearable_nodes() -> None:
+    """A pending CPU-only pod is not a pending GPU job; a node that holds one job as large as the request is not
+    one that 'would fit it by moving 1 job' (that job could only go where the request could go itself)."""
+    nodes = [{"name": n, "gpus": 8} for n in ("a", "b", "c", "d")]
+    doc = {"nodes": nodes, "workloads": [
+        {"id": "ml/big-a", "gpus_per_node": 8, "placements": [{"node": "a"}]},
+        {"id": "ml/x", "gpus_per_node": 4, "placements": [{"node": "b"}]},
+        {"id": "ml/y", "gpus_per_node": 2, "placements": [{"node": "b"}]},
+        {"id": "ml/z", "gpus_per_node": 3, "placements": [{"node": "c"}]},
+        {"id": "ml/w", "gpus_per_node": 4, "placements": [{"node": "d"}]},
+        {"id": "ml/train-8g", "gpus_per_node": 8, "state": "pending", "submitted_at": 1.0},
+        {"id": "ml/web-cpu", "gpus_per_node": 0, "cpu_milli": 500, "state": "pending", "submitted_at": 2.0}]}
+    c = TestClient(create_app(MemorySource(load_snapshot_dict(doc))))
+    assert c.get("/api/summary").json()["pending"] == 1
+    (job,) = c.get("/api/pending").json()
+    frag = job["diagnosis"]["causes"][0]
+    assert frag["code"] == "fragmentation"
+    assert "a" not in frag["evidence"]["clearable_nodes"] and "(e.g. a" not in frag["summary"], frag

@@ -5,11 +5,19 @@
 #   tools/kubecluster/cluster.sh start DIR      start everything; DIR/admin.kubeconfig is the admin kubeconfig
 #   tools/kubecluster/cluster.sh stop DIR       stop what `start` started (by the PIDs it recorded)
 #   tools/kubecluster/cluster.sh restart DIR C  restart one component C (e.g. kube-apiserver) with its command
+#   tools/kubecluster/cluster.sh nodes DIR [--count N] [--gpus G] [--product P] [--mig PROFILE=N[,...]]
+#                                [--prefix NAME] [--taint KEY=VALUE:EFFECT]
+#                               add KWOK GPU nodes as GPU feature discovery and the device plugin leave them
+#                               (defaults: 4 nodes gpu-node-0.. of 8 NVIDIA-H100-80GB-HBM3; with --mig the node
+#                               is MIG-mixed: G-1 full GPUs and the slices of one GPU); KWOK keeps them Ready
 #   export KUBECONFIG=DIR/admin.kubeconfig; DIR/bin/kubectl get nodes
+# `start` refuses a DIR that holds an earlier cluster (its etcd data): certificates are made anew on every start,
+# so the old nodes and objects would come back under a new CA and old kubeconfigs would stop working. Stop it and
+# use a new DIR (or remove the old one).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-cmd=${1:?usage: cluster.sh start|stop|restart DIR [COMPONENT]}
-dir=${2:?usage: cluster.sh start|stop|restart DIR [COMPONENT]}
+cmd=${1:?usage: cluster.sh start|stop|restart|nodes DIR [COMPONENT | node options]}
+dir=${2:?usage: cluster.sh start|stop|restart|nodes DIR [COMPONENT | node options]}
 log() { printf '[kubecluster] %s\n' "$*" >&2; }
 
 alive() { [ -f "$dir/pids/$1" ] && kill -0 "$(cat "$dir/pids/$1")" 2>/dev/null; }
@@ -53,7 +61,21 @@ restart)
   stop_one "$c"; launch "$c"
   [ "$c" != kube-apiserver ] || wait_for "kube-apiserver" 120 "$dir/bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" get --raw /readyz
   exit 0 ;;
-start) ;;
+nodes)
+  shift 2
+  [ -f "$dir/admin.kubeconfig" ] || { log "$dir holds no cluster: run cluster.sh start $dir first"; exit 2; }
+  python3 "$here/gpu_nodes.py" "$@" | "$dir/bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" apply -f - >&2
+  exit 0 ;;
+start)
+  if [ -d "$dir/etcd" ] && [ -n "$(ls -A "$dir/etcd" 2>/dev/null)" ]; then
+    for c in "${COMPONENTS[@]}"; do
+      if alive "$c"; then log "$dir: the cluster is running (its $c is); export KUBECONFIG=$dir/admin.kubeconfig"; exit 2; fi
+    done
+    log "$dir holds a cluster from an earlier start (etcd data): start makes new certificates, so its old nodes"
+    log "and objects would come back under a new CA and old kubeconfigs would stop working. Refusing: use a new"
+    log "folder, or remove this one first (rm -rf $dir)."
+    exit 2
+  fi ;;
 *) log "unknown command $cmd"; exit 2 ;;
 esac
 

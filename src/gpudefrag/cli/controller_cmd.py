@@ -29,6 +29,43 @@ def _journal_path(journal: Path | None) -> Path:
     return journal or DEFAULT_STATE_DIR / "journal.db"
 
 
+def _pointer() -> Path:
+    """Where the last controller run by this user says which journal it keeps (`migrations` reads it)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpudefrag" / "journal-path"
+
+
+def _remember(journal: Path) -> None:
+    """Record the controller's journal for `migrations` (best effort: a read-only home only loses the hint)."""
+    try:
+        p = _pointer()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(str(journal.resolve()) + "\n")
+        tmp.replace(p)
+    except OSError:
+        pass
+
+
+def _find_journal(journal: Path | None) -> Path:
+    """--journal / $GPUDEFRAG_JOURNAL; else the default path when it exists; else the journal the last
+    controller this user ran kept; else one error saying where it looked and what to pass."""
+    if journal is not None:
+        return journal
+    default = _journal_path(None)
+    if default.exists():
+        return default
+    try:
+        hint = Path(_pointer().read_text().strip())
+    except OSError:
+        hint = None
+    if hint is not None and hint.is_file():
+        return hint
+    raise fail(f"no journal at {default} (the default), and no controller run here said where its journal is: "
+               "pass --journal PATH (what the controller was given) or set GPUDEFRAG_JOURNAL; for the controller "
+               "in the cluster: kubectl -n gpudefrag exec deploy/gpudefrag-controller -- gpudefrag migrations")
+
+
 def controller(
     policy: Path = typer.Option(..., "--policy", help="Policy file (YAML)"),
     engine: str = typer.Option("slurm", "--engine", help="slurm | kubernetes | sim"),
@@ -106,6 +143,7 @@ def controller(
 
         kj = Journal(_journal_path(journal), on_write=crash_hook_from_env())
         kj.claim()  # one controller per journal, for its whole life
+        _remember(kj.path)
         from ..engines.kubernetes.moves import MoveOptions
         from ..policy.options import compat_rule
 
@@ -134,6 +172,7 @@ def controller(
             raise fail("moving jobs needs --run-dir and --store (the wrappers' shared directory and store)")
         j = Journal(_journal_path(journal), on_write=crash_hook_from_env())
         j.claim()
+        _remember(j.path)
         if sim is not None:
             agent = sim
         else:
@@ -208,7 +247,7 @@ def migrations(
     """The migration history from the journal, newest first, with every step."""
     from ..control.journal import Journal
 
-    path = _journal_path(journal)
+    path = _find_journal(journal)
     hist = Journal(path, readonly=True).history(limit)  # read-only: never creates or changes a file
     if json_out:
         emit_json({"journal": str(path), "migrations": hist})

@@ -148,12 +148,15 @@ def diagnose(
                         plan=False).diagnosis]
     else:
         if job is not None and job not in state.workload_index:
-            raise fail(f"{file}: no workload with id {job!r}")
+            raise fail(f"{file if file is not None else state.name}: no workload with id {job!r}")
         if job is not None and state.workload(job).is_running:
-            raise fail(f"{file}: workload {job!r} is running, not pending")
+            raise fail(f"{file if file is not None else state.name}: workload {job!r} is running, not pending")
         diags = [d.diagnosis for d in decide_all(state, [job] if job else None, opts, plan=False)]
     if json_out:
-        emit_json({"file": str(file), "diagnoses": [d.as_dict() for d in diags]})
+        # a live read has no file: null, and the cluster it read (never the string "None")
+        emit_json({"file": str(file) if file is not None else None,
+                   **({"cluster": state.name} if file is None else {}),
+                   "diagnoses": [d.as_dict() for d in diags]})
         return
     if not diags:
         console.print("no pending GPU requests")

@@ -56,11 +56,13 @@ def kube_diagnose(
 
     diags = diagnose_kube(cluster, [job] if job else None)
     if json_out:
-        emit_json({"source": _src(source, cluster), "warnings": list(cluster.warnings),
+        emit_json({"source": _src(source, cluster), "warnings": list(cluster.warnings), "notes": list(cluster.notes),
                    "diagnoses": [d.as_dict() for d in diags]})
         return
     for w in cluster.warnings:
         console.print(f"[yellow]warning[/]: {escape(w)}")
+    for n in cluster.notes:
+        console.print(f"[dim]{escape(n)}[/]")
     if not diags:
         console.print("no pending GPU pods")
         return
@@ -180,6 +182,10 @@ def kube_plan(
                    "pods": [as_dict_info(cluster.pods[s.workload_id]) for s in seqs if s.workload_id in cluster.pods],
                    "dry_run": [r.as_dict() for r in results]})
     else:
+        if decision_doc is not None and decision.plan is not None:
+            p = decision.plan
+            console.print(f"plan for [bold]{escape(wid)}[/] ({escape(p.request.label())}): {len(p.moves)} move(s) "
+                          f"free [bold]{escape(p.target_node or '-')}[/] ({p.total_cost_s:.0f} s, {p.solver})")
         for s in seqs:
             head = f"[bold]{escape(s.workload_id)}[/] {escape(s.source)} → {escape(s.target)}"
             if not s.ok:
@@ -193,5 +199,9 @@ def kube_plan(
         for r in results:
             colour = "green" if r.ok else "red"
             console.print(f"dry run {escape(r.workload_id)}: [{colour}]{'ok' if r.ok else escape(r.error)}[/]")
+            t = Table(box=None, show_header=False, pad_edge=False)
+            for i, step in enumerate(r.steps, 1):
+                t.add_row(f"  {i}", step.op, "[green]ok[/]" if step.ok else "[red]failed[/]", escape(step.detail))
+            console.print(t)
     if not all(s.ok for s in seqs) or not all(r.ok for r in results):
         raise typer.Exit(1)

@@ -554,6 +554,11 @@ def _mig_capacity(f: Facts, found: list[Cause]) -> Iterable[Cause]:
                   {"profile": profile, "free_slices": 0}),)
 
 
+def _as_large(job: Request, r: Request) -> bool:
+    return (r.gpu_milli >= MILLI and job.gpus_per_node >= r.gpus_per_node and job.cpu_milli >= r.cpu_milli
+            and job.memory_mib >= r.memory_mib)
+
+
 def _fragmentation_cause(f: Facts, free_total: int, share_total: int, other_causes: bool) -> Cause:
     state, r, whole, fits = f.state, f.r, f.ctx.whole, f.fits
     usable_here = f.usable_here
@@ -570,10 +575,12 @@ def _fragmentation_cause(f: Facts, free_total: int, share_total: int, other_caus
     cpu_free, mem_free = state.cpu_free, state.mem_free
     for i in np.flatnonzero(usable_here & ~fits):
         n = state.nodes[i]
+        # a job at least as large as the request (GPUs, CPU and memory) could only go where the request could go
+        # itself, which is nowhere: it does not count
         movable = sorted(
             ((len(p.gpus), w.request.cpu_milli, w.request.memory_mib)
              for w in state.workloads_on[n.name]
-             if w.can_move and not w.is_multi_node and (may_move is None or may_move(w))
+             if w.can_move and not w.is_multi_node and (may_move is None or may_move(w)) and not _as_large(w.request, r)
              for p in w.placements if p.node == n.name),
             reverse=True,
         )
@@ -645,10 +652,8 @@ def diagnose_all(state: ClusterState, ids: Iterable[str] | None = None, *,
     ctx = _Context(state)
     wanted = set(ids) if ids is not None else None
     out = []
-    for w in state.pending:
+    for w in state.pending_gpu:
         if wanted is not None and w.id not in wanted:
-            continue
-        if w.request.gpus_per_node == 0 and w.request.mig_profile is None:
             continue
         out.append(diagnose(state, w, _ctx=ctx, movable=movable))
     return out

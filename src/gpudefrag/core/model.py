@@ -329,6 +329,12 @@ class ClusterState:
         return tuple(p)
 
     @cached_property
+    def pending_gpu(self) -> tuple[Workload, ...]:
+        """Pending workloads that ask for GPUs (or a MIG slice), oldest first: what diagnose, the dashboard's
+        count and the metrics look at (a pending CPU-only pod is none of gpudefrag's business)."""
+        return tuple(w for w in self.pending if w.request.gpus_per_node > 0 or w.request.mig_profile is not None)
+
+    @cached_property
     def workloads_on(self) -> Mapping[str, tuple[Workload, ...]]:
         by: dict[str, list[Workload]] = {n.name: [] for n in self.nodes}
         for w in self.running:

@@ -42,7 +42,7 @@ def sample_of(state: ClusterState, at: float) -> Sample:
     request = map_request(state)
     rep = frag_report(state, request)
     return Sample(at, rep.free_gpus, rep.whole_free_nodes, rep.stranded_gpus, request.label(), rep.fgd_ratio,
-                  len(state.pending))
+                  len(state.pending_gpu))
 
 
 @dataclasses.dataclass

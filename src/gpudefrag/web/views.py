@@ -79,7 +79,7 @@ def summary(state: ClusterState, request: Request | None = None) -> dict[str, An
         "largest_placeable": rep.largest_placeable,
         "fgd_ratio": rep.fgd_ratio,
         "running": len(state.running),
-        "pending": len(state.pending),
+        "pending": len(state.pending_gpu),  # GPU jobs only, as the pending list shows
         "models": sorted({n.gpu_model or "unknown" for n in state.nodes}),
     }
 

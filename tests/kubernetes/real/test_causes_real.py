@@ -132,3 +132,11 @@ def test_tainted_nodes_are_named_with_the_room_left(kube: KubeLab, cli: Any, tmp
         2 if tainted == 3 else 0)
     assert "the cluster is full" not in " ".join(x["summary"] for x in d["causes"])
     assert codes(dump["ml/train-8g"]) == codes(d)
+    # no cluster-autoscaler here: said once as a note, not a warning on every run
+    code, out, err = cli("kube", "diagnose", "--kube", "--json")
+    doc = json.loads(out)
+    assert doc["warnings"] == [] and any("no cluster-autoscaler" in n for n in doc["notes"]), doc
+    # the core command reading the live cluster: no file, so null (never the string "None")
+    code, out, err = cli("diagnose", "--kube", "--json")
+    assert code == 0, err
+    assert json.loads(out)["file"] is None

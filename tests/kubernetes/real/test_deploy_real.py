@@ -42,3 +42,40 @@ def test_deployment_manifests_apply_and_rbac_suffices(kube: KubeLab, tmp_path: P
         kube.wait("namespace gpudefrag gone", lambda: kube.kubectl(
             "get", "namespace", "gpudefrag", check=False).returncode != 0, timeout=120)
 
+
+
+def test_without_a_default_storageclass_the_overlay_runs_the_controller(kube: KubeLab) -> None:
+    """The test control plane has no StorageClass, like many a fresh cluster: the base's journal claim stays
+    Pending and so does the controller; `deploy/kubernetes-no-storageclass` puts the journal in an emptyDir and
+    the controller's pod is scheduled. And `--dry-run=server` before the namespace exists says so, object by
+    object (docs/kubernetes.md shows it)."""
+    from .lab import gpu_node
+
+    kube.nodes(gpu_node("gpu-node-0"))
+    base, overlay = REPO / "deploy" / "kubernetes", REPO / "deploy" / "kubernetes-no-storageclass"
+    assert not kube.get("storageclass")["items"]
+    dry = kube.kubectl("apply", "-k", str(base), "--dry-run=server", check=False)
+    assert dry.returncode != 0 and 'namespaces "gpudefrag" not found' in dry.stderr, dry.stdout + dry.stderr
+    assert "namespace/gpudefrag created (server dry run)" in dry.stdout, dry.stdout
+    try:
+        kube.kubectl("apply", "-k", str(base))
+
+        def phase() -> str:
+            pods = kube.get("pods", ns="gpudefrag")["items"]
+            return pods[0]["status"].get("phase", "") if pods else ""
+
+        kube.wait("the controller pod", phase)
+        pvc = kube.get("pvc", "gpudefrag-state", ns="gpudefrag")
+        assert pvc["status"]["phase"] == "Pending" and phase() == "Pending"
+        kube.kubectl("delete", "-k", str(base), "--wait=true", check=False)
+        kube.wait("namespace gpudefrag gone", lambda: kube.kubectl(
+            "get", "namespace", "gpudefrag", check=False).returncode != 0, timeout=120)
+        kube.kubectl("apply", "-k", str(overlay))
+        kube.wait("the controller pod scheduled with its journal in an emptyDir", lambda: (
+            p := kube.get("pods", ns="gpudefrag")["items"]) and p[0]["spec"].get("nodeName") == "gpu-node-0")
+        assert kube.kubectl("-n", "gpudefrag", "get", "pvc", "-o", "name").stdout.strip() == ""
+    finally:
+        kube.kubectl("delete", "-k", str(base), "--wait=false", check=False)
+        kube.kubectl("delete", "namespace", "gpudefrag", "--wait=false", check=False)
+        kube.wait("namespace gpudefrag gone", lambda: kube.kubectl(
+            "get", "namespace", "gpudefrag", check=False).returncode != 0, timeout=120)

@@ -152,6 +152,7 @@ class KubeCluster:
     ignored_kinds: Mapping[str, int] = field(default_factory=dict)
     raw_nodes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     raw_pdbs: tuple[Mapping[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()  # absent by design (no autoscaler): said once, quietly
 
     def pdbs_for(self, workload_id: str) -> list[PdbInfo]:
         pod = self.pods.get(workload_id)

@@ -97,13 +97,17 @@ class Caller:
     def __init__(self, where: str) -> None:
         self.where = where
         self.warnings: list[str] = []
+        self.notes: list[str] = []  # what is absent by design (no autoscaler): said once, not warned about
 
-    def __call__(self, what: str, fn: Callable[[], Any], optional: bool = False) -> Any:
+    def __call__(self, what: str, fn: Callable[[], Any], optional: bool = False, absent: str | None = None) -> Any:
         from kubernetes.client.rest import ApiException
 
         try:
             return fn()
         except ApiException as e:
+            if optional and e.status == 404 and absent is not None:
+                self.notes.append(absent)
+                return None
             if optional and e.status in (403, 404):
                 self.warnings.append(f"{what}: HTTP {e.status}; skipped")
                 return None
@@ -131,8 +135,10 @@ def read_autoscaler_status(api: Any, call: Caller) -> dict[str, Any] | None:
     from kubernetes import client
 
     ns, name = AUTOSCALER_STATUS
+    # a 404 means the cluster runs no cluster-autoscaler: a note, not a warning on every run
     resp = call(f"read configmap {ns}/{name}", lambda: client.CoreV1Api(api).read_namespaced_config_map(
-        name, ns, _preload_content=False), optional=True)
+        name, ns, _preload_content=False), optional=True,
+        absent=f"no cluster-autoscaler (no {ns}/{name} ConfigMap): node groups are not known")
     if resp is None:
         return None
     cm = json.loads(resp.data)
@@ -153,8 +159,9 @@ def assemble(lists: list[tuple[Source, list[dict[str, Any]]]], configmap: dict[s
         raise InputError("cluster", call.where, "the cluster reports no nodes")
     with bulk_allocation():  # as for a dump: measured, the collector's passes cost as much as the conversion
         cluster = to_cluster(objs, now=now, strict=False)
-    if call.warnings:
-        cluster = dataclasses.replace(cluster, warnings=cluster.warnings + tuple(call.warnings))
+    if call.warnings or call.notes:
+        cluster = dataclasses.replace(cluster, warnings=cluster.warnings + tuple(call.warnings),
+                                      notes=tuple(dict.fromkeys(call.notes)))
     return cluster
 
 

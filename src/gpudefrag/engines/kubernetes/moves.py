@@ -341,7 +341,9 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
                       params={"namespace": ns, "pod": pod, "move_id": mid, "timeout_s": options.ready_timeout_s}))
     body = replacement_manifest(info, move.target, mid, name=repl, mode=mode, strategy=strategy, options=options)
     ops.append(Op(OpKind.CREATE_REPLACEMENT, "POST", f"/api/v1/namespaces/{ns}/pods", body=body,
-                  detail=f"create {repl} pinned to {move.target}, restoring from the checkpoint",
+                  detail=f"create {repl} pinned to {move.target}, "
+                  + ("started fresh (the pod opted in to a move without state)" if mode == "recreate"
+                     else "restoring from the checkpoint"),
                   params={"namespace": ns, "pod": repl}))
     ops.append(Op(OpKind.WAIT_READY, "GET", _pod_path(ns, repl), detail=f"wait until {repl} is Ready",
                   params={"namespace": ns, "pod": repl, "timeout_s": options.ready_timeout_s}))
