@@ -103,6 +103,14 @@ def test_diagnose_plan_and_snapshot_of_the_live_cluster(cluster, tmp_path: Path)
         # a held job gets no plan from the plan door either, unless asked for in so many words
         p = cli(c, "plan", "--slurm", "--job", held, "--json", *base, check=False)
         assert p.returncode == 1 and json.loads(p.stdout)["decision"]["blocked_by"] == ["not-eligible"]
+        # docs/policies.md's old `max_priority: 10000` under Slurm's default priorities: the controller says which
+        # filter excluded how many jobs (a dry run: nothing is touched)
+        strict = c.write_policy(c.root / "strict.yaml", filter={"names": ["w-*"], "max_priority": 10000})
+        p = subprocess.run(c.controller_cmd(strict, c.root / "strict.db", "--dry-run", "--once"),
+                           env={**c.env, "COLUMNS": "300"}, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        said = p.stdout
+        assert "0 of 8 running jobs may move (excluded:" in said and "by filter.max_priority <= 10000" in said, said
         snap = tmp_path / "slurm.json"
         cli(c, "slurm", "snapshot", str(snap))
         doc = json.loads(snap.read_text())
@@ -174,6 +182,9 @@ def test_corrupt_newest_heartbeat_is_skipped_with_a_logged_reason(cluster) -> No
     jid = c.submit("w-hb", 2, "node1", run_args="--heartbeat-every 2")
     c.wait_running(jid)
     wait_for(lambda: len(ckpts(c, jid)) >= 2, 60, "two heartbeat checkpoints")
+    out_file = c.root / "w-hb.out"
+    wait_for(lambda: "retention removed checkpoint" in out_file.read_text(), 60, "retention at work")
+    assert "older than the newest 2 verified" in out_file.read_text()  # retention says what it removed, and why
     store = CheckpointStore(c.store, c.key)
     newest = ckpts(c, jid)[0]["id"]
     flip_a_byte(store, newest)
@@ -188,6 +199,9 @@ def test_corrupt_newest_heartbeat_is_skipped_with_a_logged_reason(cluster) -> No
     out = (c.root / "w-hb.out").read_text()
     assert f"skipped checkpoint {newest}" in out and "hash-mismatch" in out
     assert len(c.workload_pids(c.root / "w-hb.log")) == 1
+    # the corrupt one never counts as kept: the next heartbeats' retention removes it, saying why
+    wait_for(lambda: f"retention removed checkpoint {newest}: failed verification" in out_file.read_text(), 60,
+             "retention removes the corrupt checkpoint with its reason")
 
 
 def test_once_with_max_per_node_1_frees_the_node_or_moves_nothing(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -225,3 +239,19 @@ def test_once_with_max_per_node_1_frees_the_node_or_moves_nothing(cluster) -> No
         assert cont["starts"] == 1 and cont["sha_ok"] and cont["nodes"][-1] == m.target
         assert len(c.workload_pids(c.root / f"{name}.log")) == 1
     assert took < 600
+
+
+def test_a_rollback_to_any_node_clears_the_pin(cluster) -> None:  # type: ignore[no-untyped-def]
+    """No node has room: the rollback names no node and excludes none (`ReqNodeList=` and `ExcNodeList=` cleared
+    on the real scheduler), so any node that frees up can take the job."""
+    c = cluster
+    jid = c.submit("x-pin", 2, wrapper=False, sbatch=("--hold",))
+    eng = SlurmEngine()
+    eng.pin(jid, ["node3"], exclude=["node1"])
+    info = eng.job(jid)
+    assert info.required_nodes == ("node3",) and info.excluded_nodes == ("node1",)
+    eng.pin(jid, [], exclude=[])
+    info = eng.job(jid)
+    assert info.required_nodes == () and info.excluded_nodes == (), info
+    eng.release(jid)
+    c.wait_running(jid)
