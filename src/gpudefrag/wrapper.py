@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -39,6 +39,9 @@ from .errors import InputError
 from .fileio import write_json_atomic
 from .jobside.jobdir import JobDir, read_json
 from .jobside.messages import RunPhase
+
+if TYPE_CHECKING:
+    from .checkpoint.launch import JobUser
 
 PR_SET_CHILD_SUBREAPER = 36
 STORE_FULL = "store-full"
@@ -64,6 +67,7 @@ class WrapperConfig:
     keep: int = 2
     restarts: int = 0
     poll_s: float = 0.2
+    user: JobUser | None = None  # whom the workload runs as (None: as the wrapper itself)
 
     @staticmethod
     def from_env(argv: Sequence[str], **over: Any) -> WrapperConfig:
@@ -83,7 +87,33 @@ class WrapperConfig:
             argv=list(argv), workload_id=str(wid),
             node=over.pop("node", None) or env.get("SLURMD_NODENAME") or socket.gethostname(),
             run_dir=Path(run_dir), store_root=Path(store), key_path=Path(key),
-            restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0), **over)
+            restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0), user=job_user(over.pop("user", None)),
+            **over)
+
+
+def job_user(given: str | None) -> JobUser | None:
+    """Whom the workload runs as. The wrapper runs as root (CRIU, the root-only store and key); the workload
+    runs as the job's user: `--user NAME|UID`, else Slurm's SLURM_JOB_UID / SLURM_JOB_GID. None (the workload
+    runs as the wrapper) when the wrapper is not root, or the job is root's own."""
+    from .checkpoint.launch import JobUser
+
+    env = os.environ
+    if os.geteuid() != 0:
+        return None
+    gid = None
+    if given is not None:
+        import pwd
+
+        try:
+            uid = int(given) if given.isdigit() else pwd.getpwnam(given).pw_uid
+        except KeyError:
+            raise InputError("--user", "", f"no such user {given!r}") from None
+    elif env.get("SLURM_JOB_UID", "").isdigit():
+        uid = int(env["SLURM_JOB_UID"])
+        gid = int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else None
+    else:
+        return None
+    return None if uid == 0 else JobUser.of(uid, gid)
 
 
 class Guard:
@@ -322,7 +352,7 @@ class Wrapper:
 
         env = {**os.environ, "GPUDEFRAG_NODE_FILE": str(self.jd.node_file),
                "GPUDEFRAG_WORKLOAD_ID": self.cfg.workload_id}
-        job = spawn_job(self.cfg.argv, stdout=self.jd.root / "workload.out", env=env, pidns=True,
+        job = spawn_job(self.cfg.argv, stdout=self.jd.root / "workload.out", env=env, pidns=True, user=self.cfg.user,
                         on_launch=self.guard.watch if self.guard is not None else None)
         self.launcher = job.popen
         self._track(job.pid)
@@ -351,7 +381,8 @@ class Wrapper:
             # only this workload's own checkpoints, of a job that ran as the user the workload runs as: a ticket
             # naming another job's checkpoint must not bring that job's process up inside this one
             _, res = restore_from_store(self.store, ckpt_id, self.backend, rule=rule,
-                                        workload_id=self.cfg.workload_id, uid=os.geteuid())
+                                        workload_id=self.cfg.workload_id,
+                                        uid=self.cfg.user.uid if self.cfg.user is not None else os.geteuid())
         except CheckpointError as e:
             return f"{e.reason}: {e.detail}"
         except OSError as e:

@@ -447,3 +447,26 @@ def _children_of(pid: int) -> list[int]:
         with contextlib.suppress(OSError):
             out += [int(c) for c in (t / "children").read_text().split()]
     return out
+
+
+def test_the_workload_runs_as_the_jobs_user_never_as_root(env: dict[str, str], shared_tmp: Path,
+                                                          throwaway_user) -> None:
+    """The wrapper runs as root (CRIU, the root-only store and key) and used to start the workload as root too.
+    It now runs it as the job's user (--user, else SLURM_JOB_UID/SLURM_JOB_GID): that uid and gid, that user's
+    groups only, no capabilities; the user cannot write into the job folder root writes in, and still reads the
+    node file and gets its exit code passed on."""
+    env = {**env, "GPUDEFRAG_RUN_DIR": str(shared_tmp / "run")}  # reachable by the user (tmp_path is not)
+    script = ('id -u; id -g; id -G; grep CapEff /proc/self/status; d=$(dirname "$GPUDEFRAG_NODE_FILE"); '
+              'touch "$d/planted" 2>/dev/null && echo WROTE || echo REFUSED; cat "$GPUDEFRAG_NODE_FILE"; exit 5')
+    for how in ({"args": ("--user", throwaway_user.name)},
+                {"env": {"SLURM_JOB_UID": str(throwaway_user.uid), "SLURM_JOB_GID": str(throwaway_user.gid)}}):
+        wid = f"asuser{len(how['args']) if 'args' in how else 0}"
+        p = subprocess.Popen([GPUDEFRAG, "run", "--workload-id", wid, *how.get("args", ()), "--", "sh", "-c",
+                              script], env={**env, **how.get("env", {})}, stderr=subprocess.PIPE, text=True)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 5, err
+        out = (JobDir(Path(env["GPUDEFRAG_RUN_DIR"]), wid).root / "workload.out").read_text().split("\n")
+        assert out[0] == str(throwaway_user.uid) and out[1] == str(throwaway_user.gid), out
+        assert out[2] == str(throwaway_user.gid), out  # no root groups, no others
+        assert out[3].split() == ["CapEff:", "0000000000000000"], out
+        assert out[4] == "REFUSED" and out[5] == "nodeA", out

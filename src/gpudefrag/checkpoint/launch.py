@@ -22,6 +22,28 @@ from pathlib import Path
 from .protocol import UNAVAILABLE, CheckpointError
 
 
+@dataclass(frozen=True)
+class JobUser:
+    """Whom a job runs as: uid, primary gid, supplementary groups."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+    @staticmethod
+    def of(uid: int, gid: int | None = None) -> JobUser:
+        """The account's primary group (unless `gid` is given) and its supplementary groups from the group
+        database; an unknown uid has none."""
+        import pwd
+
+        try:
+            pw = pwd.getpwuid(uid)
+        except KeyError:
+            return JobUser(uid, gid if gid is not None else uid)
+        g = gid if gid is not None else pw.pw_gid
+        return JobUser(uid, g, tuple(sorted(set(os.getgrouplist(pw.pw_name, g)))))
+
+
 @dataclass
 class Job:
     """A started job. `pid` is its host PID (with `pidns`, the process that is PID 1 inside)."""
@@ -43,9 +65,13 @@ class Job:
 
 def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, cwd: Path | None = None,
               env: Mapping[str, str] | None = None, pidns: bool = False, netns: str | None = None,
-              timeout: float = 30, on_launch: Callable[[int], None] | None = None) -> Job:
+              timeout: float = 30, on_launch: Callable[[int], None] | None = None,
+              user: JobUser | None = None) -> Job:
     """Start `argv` detached (own session, stdin /dev/null, stdio appended to files) and return its host PID.
-    `on_launch` gets the launcher's PID as soon as it exists (a job wrapper's guard watches it from then on)."""
+    `on_launch` gets the launcher's PID as soon as it exists (a job wrapper's guard watches it from then on).
+    `user`: the job's own uid, gid and groups — the namespaces are made with root's rights, then `setpriv`
+    drops to the user's (all capabilities gone) before the job's command runs: it never has more than its
+    user has."""
     stdout = Path(stdout)
     stderr = Path(stderr) if stderr is not None else stdout
     prefix: list[str] = []
@@ -54,7 +80,12 @@ def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, 
     if pidns:
         # unshare forks the job as PID 1 of a new namespace; setsid makes the job its own session leader
         # (unshare already leads the session Popen made, so the job would otherwise need --shell-job)
-        prefix += [_need("unshare"), "--pid", "--fork", _need("setsid")]
+        prefix += [_need("unshare"), "--pid", "--fork"]
+    if user is not None:
+        groups = ["--groups", ",".join(map(str, user.groups))] if user.groups else ["--clear-groups"]
+        prefix += [_need("setpriv"), f"--reuid={user.uid}", f"--regid={user.gid}", *groups, "--inh-caps=-all"]
+    if pidns:
+        prefix += [_need("setsid")]
     out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     err = out if stderr == stdout else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:

@@ -22,6 +22,8 @@ def run(
     policy: Path = typer.Option(None, "--policy", help="Policy file: its action.heartbeat sets the schedule"),
     heartbeat_every: float = typer.Option(None, "--heartbeat-every", help="Heartbeat checkpoint period (s)"),
     workload_id: str = typer.Option(None, "--workload-id", help="Default: $SLURM_JOB_ID"),
+    user: str = typer.Option(None, "--user", help="The job's user (name or uid): the workload runs as it, "
+                             "the wrapper (root) never lends it more [default: $SLURM_JOB_UID]"),
     json_out: bool = typer.Option(False, "--json", help="Log one JSON object per event (stderr) instead of text"),
 ) -> None:
     """Run CMD under gpudefrag: checkpoint on request (request file or `scancel --signal=USR2 --batch`), on the
@@ -33,7 +35,8 @@ def run(
         raise fail("gpudefrag run: give the command after --, e.g. gpudefrag run -- python train.py")
     from ..wrapper import run_wrapped
 
-    over: dict[str, object] = {"run_dir": run_dir, "store_root": store, "key_path": key, "workload_id": workload_id}
+    over: dict[str, object] = {"run_dir": run_dir, "store_root": store, "key_path": key, "workload_id": workload_id,
+                                 "user": user}
     if policy is not None:
         from ..policy import load_policy
 
