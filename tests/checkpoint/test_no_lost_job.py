@@ -327,3 +327,29 @@ def test_an_interrupted_checkpoint_is_listed_while_its_writer_works(criu, store:
     assert pending.dir.is_dir()
     pending.__exit__(None, None, None)
     assert store.interrupted() == []
+
+
+class FillsTheDiskDuringTheDump(CriuBackend):
+    """Real CRIU; the store's disk fills up after the room check and while the images are written (the job's
+    memory grew, another writer wrote)."""
+
+    def checkpoint(self, target, dest, **kw):  # type: ignore[no-untyped-def,override]
+        _fill(Path(dest).parent.parent)
+        return super().checkpoint(target, dest, **kw)
+
+
+@pytest.mark.criu
+def test_enospc_mid_dump_is_store_full_and_the_job_runs_on(criu, small_fs: Path, probes: Probes,
+                                                           tmp_path: Path) -> None:
+    """A job whose dump hit ENOSPC was reported `checkpoint-failed`; it is `store-full` (what the controller
+    treats as a full store, not a job CRIU cannot dump), and the job was never stopped."""
+    store = CheckpointStore(small_fs / "store", tmp_path / "keys" / "k")
+    job, log = probes.start(mb=16, pidns=True)
+    be = FillsTheDiskDuringTheDump(criu_bin=criu.criu_bin, log_dir=tmp_path / "criu-logs")
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_to_store(store, be, job.pid, "grows")
+    assert e.value.reason == STORE_FULL, e.value
+    assert e.value.restored_pid is None and e.value.kept_images is None  # CRIU resumed it: never stopped
+    at = probe_job.last_step(log)
+    probe_job.wait_step(log, at + 3, timeout=30)
+    assert store.ids() == [] and store.interrupted() == []

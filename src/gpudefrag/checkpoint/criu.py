@@ -42,7 +42,15 @@ from typing import Any
 
 from .jobfiles import check_job_files, check_owner, job_files, private_dir, process_owner
 from .launch import process_tree
-from .protocol import CHECKPOINT_FAILED, RESTORE_FAILED, UNAVAILABLE, CheckpointError, CheckpointResult, RestoreResult
+from .protocol import (
+    CHECKPOINT_FAILED,
+    RESTORE_FAILED,
+    STORE_FULL,
+    UNAVAILABLE,
+    CheckpointError,
+    CheckpointResult,
+    RestoreResult,
+)
 
 NET_KEY = "gpudefrag-net"  # the name the job's network namespace gets in the images (--external net[...])
 MIN_VERSION = (4, 1)
@@ -68,6 +76,22 @@ def _error_lines(log: Path, limit: int = 4) -> str:
         return ""
     errs = [ln.strip() for ln in text.splitlines() if "Error" in ln and "RLIMIT_NOFILE" not in ln]
     return " | ".join(errs[-limit:])
+
+
+def _out_of_space(log: Path, dest: Path) -> bool:
+    """Did a failed dump run out of room (the images' file system full, or CRIU saying ENOSPC/EDQUOT)? Then the
+    reason is `store-full`, which the controller treats differently from a job CRIU cannot dump."""
+    try:
+        st = os.statvfs(dest)
+        if st.f_bavail * st.f_frsize < (1 << 20):
+            return True
+    except OSError:
+        pass
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return False
+    return "No space left on device" in text or "Disk quota exceeded" in text
 
 
 def _stats(text: str) -> dict[str, int]:
@@ -218,8 +242,10 @@ class CriuBackend:
         r = self._run(["dump", "-D", str(dest), "-o", str(log), *opts])
         dur = time.perf_counter() - t0
         if r.returncode != 0:
-            raise CheckpointError(CHECKPOINT_FAILED, f"criu dump of PID {pid} failed (rc {r.returncode}): "
-                                  f"{_error_lines(log)} (log: {log})")
+            full = _out_of_space(log, dest)
+            why = ": the store is full" if full else ""
+            raise CheckpointError(STORE_FULL if full else CHECKPOINT_FAILED, f"criu dump of PID {pid} failed "
+                                  f"(rc {r.returncode}){why}: {_error_lines(log)} (log: {log})")
         st = _stats(r.stdout + r.stderr)
         frozen = st.get("Frozen time")
         extra["stats"] = st
