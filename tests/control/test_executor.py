@@ -261,3 +261,27 @@ def test_rollback_with_no_room_anywhere_is_left_queued_for_any_node(tmp_path: Pa
     assert m.state is S.ROLLED_BACK and "left queued for any node" in m.reason, m.as_dict()
     assert sim.jobs["a1"].phase is JobPhase.PENDING
     assert sim.jobs["a1"].required == () and sim.jobs["a1"].excluded == ()
+
+
+def test_a_move_checkpoint_corrupt_at_restore_falls_back_to_the_newest_verified(state, tmp_path: Path) -> None:
+    """Issue 32: the move's checkpoint verified, then turned corrupt before the restore; a heartbeat checkpoint
+    exists: the job restores the heartbeat (not a cold start from step 1), and the journal says so."""
+    sim, ex, j = make(state, tmp_path)
+    sim.request_checkpoint("a1", "hb1", stop=False)  # a heartbeat: --leave-running
+    sim.advance(1.0)
+    hb = sim.checkpoint_status("a1", "hb1").ckpt_id
+    assert hb is not None and sim.alive("a1")
+    ex.submit([Move("a1", "node1", "node2")], reason="test")
+    for _ in range(80):
+        ex.tick()
+        m = j.all()[0]
+        if m.state is S.RELEASED and m.data.get("ckpt_id"):
+            sim.checkpoints[str(m.data["ckpt_id"])].corrupt = True  # after verification, before the restore
+        if m.terminal:
+            break
+        sim.advance(1.0)
+    m = j.all()[0]
+    assert m.state is S.DONE and "fell back to the newest verified checkpoint" in m.reason and hb in m.reason
+    last = [s for s in sim.starts if s.workload_id == "a1"][-1]
+    assert last.how is RunPhase.RESTORED and last.ckpt_id == hb
+    assert sim.jobs["a1"].nodes == ("node2",) and len(sim.alive("a1")) == 1

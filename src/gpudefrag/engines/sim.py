@@ -312,8 +312,13 @@ class SimEngine:
             j.handled_tickets.add(t.id)
             cand = t.ckpt_id or self._latest_verified(wid)
             ok, code = self.verify(cand) if cand else (False, "no checkpoint")
+            alt = self._latest_verified(wid) if cand and not ok else None  # the wrapper's fallback
             if ok and "restore-fail" not in self.faults.get(wid, set()):
                 how, counter, ckpt = RunPhase.RESTORED, self.checkpoints[str(cand)].counter, cand
+            elif alt and alt != cand and "restore-fail" not in self.faults.get(wid, set()):
+                how, counter, ckpt = RunPhase.RESTORED, self.checkpoints[alt].counter, alt
+                reason = (f"the move's checkpoint was refused, fell back to the newest verified checkpoint {alt} "
+                          f"(skipped {cand}: {code})")
             else:
                 code = code if not ok else "restore-failed"
                 why = f"{t.reason}; restore of {cand or '-'} refused: {code}".lstrip("; ")
