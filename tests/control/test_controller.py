@@ -327,3 +327,27 @@ def test_migrations_finds_the_journal_the_controller_kept(state, tmp_path: Path)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["journal"] == str(tmp_path / "elsewhere" / "j.db") and len(doc["migrations"]) == 2
+
+
+def test_migrations_history_keeps_ids_whole_and_fits_80_columns(tmp_path: Path) -> None:
+    """Issue 32: `gpudefrag migrations` in an 80-column terminal: the steps and the reason wrap inside their
+    columns, and a checkpoint id in the reason is folded, never cut with an ellipsis."""
+    import os
+    import subprocess
+    import sys
+
+    from gpudefrag.control.journal import MigrationState as S
+
+    j = Journal(tmp_path / "j.db")
+    m = j.create("12345", "node1", "node2", reason="test")
+    ckpt = "12345-20261204T184912141343Z-6c8b3b"
+    why = f"checkpoint {ckpt} failed verification (hash-mismatch)"
+    for st in (S.CHECKPOINTING, S.CHECKPOINTED, S.ROLLING_BACK, S.REQUEUED_HELD, S.PINNED, S.RELEASED,
+               S.RESTORING, S.ROLLING_BACK, S.REQUEUED_HELD, S.PINNED, S.RELEASED, S.RESTORING, S.ROLLED_BACK):
+        m = j.transition(m.id, st, detail=why, reason=why)
+    p = subprocess.run([sys.executable, "-m", "gpudefrag.cli.main", "migrations", "--journal", str(tmp_path / "j.db")],
+                       capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert all(len(x) <= 80 for x in lines) and "…" not in p.stdout, p.stdout
+    assert p.stdout.count("rolling-back") == 2 and "rolled-back" in p.stdout

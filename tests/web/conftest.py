@@ -92,10 +92,13 @@ def serve_cmd(*args: str) -> list[str]:
 class LiveServer:
     """`gpudefrag serve` in a subprocess on `host` (127.0.0.1), stopped (SIGINT, then kill) when the test ends."""
 
-    def __init__(self, tmp: Path, snapshot: dict | None, token: str | None, host: str = "127.0.0.1") -> None:
+    def __init__(self, tmp: Path, snapshot: dict | None, token: str | None, host: str = "127.0.0.1",
+                 journal: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://{host}:{self.port}"
         args = ["--host", host, "--port", str(self.port)]
+        if journal is not None:
+            args += ["--journal", str(journal)]
         if snapshot is not None:
             snap = tmp / "snapshot.json"
             write_json_atomic(snap, snapshot)

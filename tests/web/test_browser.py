@@ -216,3 +216,32 @@ def test_offline_api_reference_lists_every_operation(page: Any, live_server: Liv
     got = {page.locator(".op[data-op]").nth(i).get_attribute("data-op") for i in range(len(want))}
     assert got == want
     assert all(u.startswith(live_server.url) for u in requests)  # nothing from a CDN
+
+
+def test_a_long_history_keeps_to_a_narrow_page(page: Any, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 32: a real rollback's history (a dozen steps, a reason with checkpoint ids and paths) stays inside the
+    page: the steps and reason columns wrap in their cells instead of running off to the right."""
+    from gpudefrag.control.journal import Journal
+    from gpudefrag.control.journal import MigrationState as S
+
+    j = Journal(tmp_path / "journal.db")
+    m = j.create("12345", "node1", "node2", reason="issue 32: free node1")
+    ckpt = "12345-20261204T184912141343Z-6c8b3b"
+    why = (f"checkpoint {ckpt} failed verification (hash-mismatch: /shared/gpudefrag/store/{ckpt}/pages-1.img: "
+           "SHA-256 differs from the manifest)")
+    for st in (S.CHECKPOINTING, S.CHECKPOINTED, S.ROLLING_BACK, S.REQUEUED_HELD, S.PINNED, S.RELEASED, S.RESTORING,
+               S.ROLLING_BACK, S.REQUEUED_HELD, S.PINNED, S.RELEASED, S.RESTORING, S.ROLLED_BACK):
+        m = j.transition(m.id, st, detail=why, reason=why)
+    j.close() if hasattr(j, "close") else None
+    srv = LiveServer(tmp_path, None, None, journal=tmp_path / "journal.db")
+    try:
+        page.set_viewport_size({"width": 800, "height": 900})
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#history tbody tr[data-history='12345']")
+        right, width, scroll = page.evaluate(
+            "() => [document.querySelector('#history').getBoundingClientRect().right, "
+            "document.documentElement.clientWidth, document.documentElement.scrollWidth]")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-long-history.png"), full_page=True)
+        assert right <= width + 1 and scroll <= width + 1, (right, width, scroll)
+    finally:
+        srv.stop()

@@ -253,8 +253,11 @@ def migrations(
         emit_json({"journal": str(path), "migrations": hist})
         return
     t = Table(box=None)
-    for c in ("id", "workload", "move", "state", "reason", "steps"):
+    for c in ("id", "workload", "move", "state"):
         t.add_column(c)
+    # the reason and the steps wrap (folding long checkpoint ids and paths) instead of being cut or running off
+    t.add_column("reason", overflow="fold", ratio=3)
+    t.add_column("steps", overflow="fold", ratio=2)
     for h in hist:
         t.add_row(str(h["id"]), h["workload_id"], f"{h['source']} → {h['target']}", h["state"],
                   escape(h["reason"]), " → ".join(s["state"] for s in h["steps"]))
