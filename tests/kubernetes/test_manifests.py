@@ -51,7 +51,7 @@ def test_rbac_is_least_privilege() -> None:
     cm_role = next(d for _, d in DOCS if d["kind"] == "Role")
     assert cm_role["metadata"]["namespace"] == "kube-system"
     assert cm_role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
-                                 "resourceNames": ["cluster-autoscaler-status"], "verbs": ["get"]}]
+                                 "resourceNames": ["cluster-autoscaler-status"], "verbs": ["get", "list", "watch"]}]
 
 
 def test_configmap_policy_loads() -> None:

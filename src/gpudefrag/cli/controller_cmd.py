@@ -74,7 +74,8 @@ def controller(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be done; change nothing"),
     once: bool = typer.Option(False, "--once", help="One cycle, as if requested (the CLI request trigger); a plan "
                               "it starts is carried to the end (or stopped, saying why) before it exits"),
-    interval: float = typer.Option(2.0, "--interval", help="Seconds between cycles"),
+    interval: float = typer.Option(2.0, "--interval", help="Longest pause between cycles (Kubernetes: a change "
+                                   "that can alter a decision wakes the controller at once)"),
     max_cycles: int = typer.Option(None, "--max-cycles", help="Stop after this many cycles"),
     until_idle: bool = typer.Option(False, "--until-idle",
                                     help="Stop once no migration is in flight and no trigger fired"),
@@ -216,7 +217,8 @@ def controller(
                                                              for d in report.decisions):
             break
         if sim is None:
-            time.sleep(interval)
+            pause_until_change(eng, interval if ctl.next_due is None
+                               else max(0.0, min(interval, ctl.next_due - time.time())))
     if executor is not None and once:
         # one cycle asked for: finish what it started — the migrations in flight and every move of a plan it
         # started that the budget deferred (max_per_node: 1 makes a two-move plan take two rounds) — bounded by
@@ -237,6 +239,16 @@ def controller(
                            "journal and a restarted controller resumes them", 1)
             time.sleep(interval if sim is None else 0)
             on_cycle(ctl.cycle(plan_new=False))
+
+
+def pause_until_change(engine: Any, seconds: float) -> None:
+    """Between cycles: an engine that follows the cluster by watches (Kubernetes) wakes the controller as soon
+    as a change that can alter a decision arrives; the others are polled every `seconds`."""
+    wait = getattr(engine, "wait", None)
+    if callable(wait):
+        wait(seconds)
+    else:
+        time.sleep(seconds)
 
 
 def migrations(

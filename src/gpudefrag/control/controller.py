@@ -24,7 +24,7 @@ from ..core.planner import Plan, PlanOptions
 from ..engines.base import Engine
 from ..policy.models import Policy
 from ..policy.options import PlanInputs, plan_options
-from ..policy.triggers import Target, TriggerContext, evaluate
+from ..policy.triggers import Target, TriggerContext, evaluate, pending_due
 from .executor import Executor
 from .plans import MADE, OpenPlan, PlannedMove, new_plan_id, open_plans, outcome
 
@@ -93,6 +93,7 @@ class Controller:
         self._finished: dict[str, float] = {}  # pending workload -> when the plan for it finished
         if executor is not None and not dry_run:
             self.plans = {p.id: p for p in open_plans(executor.journal, now=clock())}
+        self.next_due: float | None = None  # when a pending job becomes old enough for the trigger (clock time)
 
     def request(self) -> None:
         """An explicit request (CLI/API): the next cycle evaluates the policy as if a trigger fired."""
@@ -283,6 +284,7 @@ class Controller:
         ctx = TriggerContext(state, now, self.policy, requested=requested, cron_due=cron,
                              plan_anyway=self.plan_anyway)
         targets = evaluate(ctx)
+        self.next_due = pending_due(state, now, self.policy)
         decisions.extend(Decision(kind, reason, detail) for kind, reason, detail in ctx.notes)
         return targets
 

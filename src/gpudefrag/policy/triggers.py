@@ -156,6 +156,19 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
     return out
 
 
+def pending_due(state: ClusterState, now: float, policy: Policy) -> float | None:
+    """When the pending trigger will next have a job old enough to look at (the earliest `submitted_at +
+    longer_than_s` still in the future), or None: a controller that is woken by changes sleeps until then, so
+    a job's decision comes when the policy says, not at the next tick of a timer."""
+    pt = policy.trigger.pending
+    if pt is None:
+        return None
+    due = [w.submitted_at + pt.longer_than_s for w in state.pending
+           if w.submitted_at is not None and (w.request.gpus_per_node >= pt.min_gpus or w.request.mig_profile)
+           and w.submitted_at + pt.longer_than_s > now]
+    return min(due, default=None)
+
+
 @trigger("scheduled")
 def cron_or_request(ctx: TriggerContext, found: list[Target]) -> list[Target]:
     """The cron schedule or an explicit request: free a whole node — unless fragmentation is below the policy's

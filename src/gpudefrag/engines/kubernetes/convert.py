@@ -327,7 +327,10 @@ class _Builder:
 
 def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = True) -> KubeCluster:
     """Convert grouped API objects. `strict` (dumps): a pod on an unknown node or with more GPUs than its node
-    holds is an InputError; otherwise (live reads race with the cluster) it is skipped with a warning."""
+    holds is an InputError; otherwise (live reads race with the cluster) it is skipped with a warning.
+
+    The live controller converts the same objects piece by piece as watches deliver them (incremental.py); both
+    go through the functions below, so a cycle from the watches gives what a conversion from scratch gives."""
     b = _Builder(objs, strict)
     dra = read_dra(objs.resource_slices, objs.resource_claims)
     nodes: list[Node] = []
@@ -345,26 +348,18 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
     # events first: pods read their scheduling messages from them
     events = [_event(e) for e in objs.events]
     times.extend(e.at for e in events if e.at is not None)
-    latest: dict[tuple[str, str, str], EventInfo] = {}
-    for e in events:
-        if e.reason in ("FailedScheduling", "NotTriggerScaleUp", "FailedCreate"):
-            k = (f"{e.namespace}/{e.name}", e.kind, e.reason)
-            old = latest.get(k)
-            if old is None or (e.at or 0) >= (old.at or 0):
-                latest[k] = e
+    latest = latest_events(events)
 
     # pods in creation order, so that GPU indices are assigned as the scheduler would have handed them out
     parsed = []
     for at in objs.pods:
-        meta = at.obj("metadata", required=True)
-        created = meta.time("creationTimestamp")
-        if created is not None:
+        created, name, meta = pod_order(at)
+        if created != float("inf"):
             times.append(created)
-        parsed.append((created if created is not None else float("inf"), meta.req_str("name"), at, meta))
+        parsed.append((created, name, at, meta))
     parsed.sort(key=lambda t: (t[0], t[1]))
     workloads: list[Workload] = []
     infos: dict[str, PodInfo] = {}
-    owners_pending: set[tuple[str, str, str]] = set()
     for created, _, at, meta in parsed:
         w, info = _pod(b, at, meta, created, by_name, dra, latest)
         if w is None or info is None:
@@ -373,11 +368,43 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
             raise at.error(f"duplicate Pod {w.id!r}", "metadata")
         workloads.append(w)
         infos[w.id] = info
-        if info.owner and not w.is_running:
-            owners_pending.add((info.namespace, info.owner.kind, info.owner.name))
+    return finish(objs.source, nodes, workloads, infos, latest, objs.quotas, objs.pdbs, objs.configmaps, events,
+                  b.warnings, now=now if now is not None else max(times, default=0.0), ignored=objs.ignored,
+                  raw_nodes={n.name: at.value for n, at in zip(nodes, objs.nodes, strict=True)},
+                  owners=_owners(objs))
 
-    # controllers whose pods the quota refused: pending workloads of their own
-    owners = _owners(objs)
+
+def latest_events(events: list[EventInfo]) -> dict[tuple[str, str, str], EventInfo]:
+    """The newest scheduling event of each (namespace/name, kind, reason): what pods read their messages from."""
+    latest: dict[tuple[str, str, str], EventInfo] = {}
+    for e in events:
+        if e.reason in ("FailedScheduling", "NotTriggerScaleUp", "FailedCreate"):
+            k = (f"{e.namespace}/{e.name}", e.kind, e.reason)
+            old = latest.get(k)
+            if old is None or (e.at or 0) >= (old.at or 0):
+                latest[k] = e
+    return latest
+
+
+def pod_order(at: At) -> tuple[float, str, At]:
+    """(creation time, name, metadata): pods are converted in this order (GPU indices are handed out in it)."""
+    meta = at.obj("metadata", required=True)
+    created = meta.time("creationTimestamp")
+    return (created if created is not None else float("inf")), meta.req_str("name"), meta
+
+
+def finish(source: str, nodes: list[Node], workloads: list[Workload], infos: dict[str, PodInfo],
+           latest: Mapping[tuple[str, str, str], EventInfo], quotas: list[At], pdbs: list[At],
+           configmaps: list[At], events: list[EventInfo], warnings: list[str], *, now: float,
+           ignored: Mapping[str, int], raw_nodes: Mapping[str, Mapping[str, Any]],
+           owners: Mapping[tuple[str, str, str], _OwnerState] | None) -> KubeCluster:
+    """The `KubeCluster` of converted nodes and pods (in conversion order) and the cluster-wide objects: pending
+    workloads for controllers whose pods the quota refused (checked against `owners`, the ReplicaSets and Jobs,
+    when they were listed: `_owners`), quotas, PDBs, node groups, the validated state."""
+    owners_pending = {(i.namespace, i.owner.kind, i.owner.name) for w in workloads if not w.is_running
+                      and (i := infos[w.id]).owner}
+    workloads = list(workloads)
+    infos = dict(infos)
     for (_key, kind, reason), e in sorted(latest.items()):
         if reason != "FailedCreate" or "exceeded quota" not in e.message:
             continue
@@ -394,26 +421,23 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
                                   submitted_at=e.at, scheduler_reason=e.message))
         infos[wid] = PodInfo(wid, e.namespace, e.name, "", None, "NotCreated", False, Owner(kind, e.name), "",
                              (), MappingProxyType({}), "FailedCreate event", synthetic=True)
+    warnings = list(warnings)
     if owners is None and any(r == "FailedCreate" for (_k, _kind, r) in latest):
-        b.warnings.append(f"{objs.source}: holds no ReplicaSets or Jobs: FailedCreate events are counted without "
-                          "checking that their owner still exists (dump with `kubectl get nodes,pods,"
-                          "resourcequotas,poddisruptionbudgets,events,replicasets,jobs -A -o json`)")
-
-    quotas = [q for at in objs.quotas if (q := _quota(at)) is not None]
-    pdbs = tuple(_pdb(at) for at in objs.pdbs)
-    groups, group_warn = _groups(objs.configmaps)
-    b.warnings.extend(group_warn)
+        warnings.append(f"{source}: holds no ReplicaSets or Jobs: FailedCreate events are counted without "
+                        "checking that their owner still exists (dump with `kubectl get nodes,pods,"
+                        "resourcequotas,poddisruptionbudgets,events,replicasets,jobs -A -o json`)")
+    qs = [q for at in quotas if (q := _quota(at)) is not None]
+    pdb_infos = tuple(_pdb(at) for at in pdbs)
+    groups, group_warn = _groups(configmaps)
+    warnings.extend(group_warn)
     node_groups = _node_groups(groups, nodes)
     try:
-        state = ClusterState.build(nodes, workloads, quotas=quotas, node_groups=node_groups,
-                                   now=now if now is not None else max(times, default=0.0),
-                                   name=objs.source)
+        state = ClusterState.build(nodes, workloads, quotas=qs, node_groups=node_groups, now=now, name=source)
     except ModelError as e:
-        raise InputError(objs.source, e.path, e.message) from None
-    return KubeCluster(state, MappingProxyType(infos), pdbs, tuple(events), tuple(groups), tuple(b.warnings),
-                       objs.source, MappingProxyType(dict(objs.ignored)),
-                       MappingProxyType({n.name: at.value for n, at in zip(nodes, objs.nodes, strict=True)}),
-                       tuple(at.value for at in objs.pdbs))
+        raise InputError(source, e.path, e.message) from None
+    return KubeCluster(state, MappingProxyType(infos), pdb_infos, tuple(events), tuple(groups), tuple(warnings),
+                       source, MappingProxyType(dict(ignored)), MappingProxyType(dict(raw_nodes)),
+                       tuple(at.value for at in pdbs))
 
 
 def _pod(

@@ -12,6 +12,7 @@ it current with watches (watch.py); each observation then reads that cache inste
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,14 @@ class KubernetesEngine:
                 self._cache = WatchCache(self._client, self.context).start()
             self.last = self._cache.cluster()
         return self.last
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until the watches deliver a change that can alter a decision (True), or `timeout` passes
+        (False). Without watches (a dump, a one-shot read) there is nothing to wait for: it sleeps."""
+        if self._cache is None:
+            time.sleep(timeout)
+            return False
+        return self._cache.wait(timeout)
 
     def close(self) -> None:
         """End the watches, if any."""

@@ -2,9 +2,10 @@
 
 Every list is made with `_preload_content=False`: the server's JSON is parsed as is (not the client's model
 objects) and goes through the same converter as an offline dump, so both sources give the same `ClusterState`.
-Optional parts (PDBs, the scheduling events, the autoscaler status ConfigMap, DRA) are skipped when absent or
-forbidden; a warning says so. `read_live` lists everything once (`gpudefrag diagnose --kube`); a long-lived
-process (the controller) keeps the same lists current with watches instead (watch.py, `WatchCache`).
+Optional parts (PDBs, the scheduling events, the autoscaler status ConfigMap, DRA) are skipped when forbidden
+or not served; a warning says so. `read_live` lists everything once and converts it from scratch (`gpudefrag
+diagnose --kube`); a long-lived process (the controller) keeps the same lists current with watches instead and
+converts only what changed (watch.py, `WatchCache`; incremental.py, `LiveModel`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Source:
 
 
 def sources(api: Any) -> list[Source]:
-    """What a cycle reads, besides DRA (`dra_sources`) and the autoscaler's ConfigMap (`read_autoscaler_status`)."""
+    """What a cycle reads, besides DRA (`dra_sources`) and the autoscaler's ConfigMap (`autoscaler_source`)."""
     from kubernetes import client
 
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
@@ -130,58 +131,65 @@ class Caller:
         return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
 
-def read_autoscaler_status(api: Any, call: Caller) -> dict[str, Any] | None:
-    """The cluster autoscaler's status ConfigMap (one small GET; RBAC grants only `get` on that one name)."""
-    from kubernetes import client
-
-    ns, name = AUTOSCALER_STATUS
-    # a 404 means the cluster runs no cluster-autoscaler: a note, not a warning on every run
-    resp = call(f"read configmap {ns}/{name}", lambda: client.CoreV1Api(api).read_namespaced_config_map(
-        name, ns, _preload_content=False), optional=True,
-        absent=f"no cluster-autoscaler (no {ns}/{name} ConfigMap): node groups are not known")
-    if resp is None:
-        return None
-    cm = json.loads(resp.data)
-    cm.setdefault("kind", "ConfigMap")
-    return dict(cm)
-
-
-def assemble(lists: list[tuple[Source, list[dict[str, Any]]]], configmap: dict[str, Any] | None, call: Caller,
-             now: float) -> KubeCluster:
-    """The `KubeCluster` of what was read (a fresh list or a watch cache's store)."""
+def assemble(lists: list[tuple[Source, list[dict[str, Any]]]], call: Caller, now: float) -> KubeCluster:
+    """The `KubeCluster` of what was read, converted from scratch."""
     docs: list[tuple[str, Any]] = [(s.name, {"apiVersion": "v1", "kind": "List", "items": items})
                                    for s, items in lists]
-    if configmap is not None:
-        docs.append(("configmap", {"apiVersion": "v1", "kind": "List", "items": [configmap]}))
     objs = objects_from_documents(docs, f"cluster ({call.where})")
     objs.owners_listed = {"ReplicaSet", "Job"} <= {s.kind for s, _ in lists}
     if not objs.nodes:
         raise InputError("cluster", call.where, "the cluster reports no nodes")
     with bulk_allocation():  # as for a dump: measured, the collector's passes cost as much as the conversion
         cluster = to_cluster(objs, now=now, strict=False)
-    if call.warnings or call.notes:
+    notes = call.notes + absence_notes([(s.kind, items) for s, items in lists])
+    if call.warnings or notes:
         cluster = dataclasses.replace(cluster, warnings=cluster.warnings + tuple(call.warnings),
-                                      notes=tuple(dict.fromkeys(call.notes)))
+                                      notes=tuple(dict.fromkeys(notes)))
     return cluster
 
 
-def list_all(api: Any, call: Caller) -> list[tuple[Source, list[dict[str, Any]], str]]:
-    """List every source once: (source, items, resourceVersion); skipped optional parts are left out."""
-    out = []
-    for src in sources(api):
-        got = call.list(src)
-        if got is not None:
-            out.append((src, *got))
+def absence_notes(lists: list[tuple[str, Any]]) -> list[str]:
+    """What is absent by design, from (kind, items) of what was listed: the autoscaler's status ConfigMap listed
+    and not there means the cluster runs no cluster-autoscaler — a note, not a warning on every cycle."""
+    ns, name = AUTOSCALER_STATUS
+    if any(kind == "ConfigMap" and not items for kind, items in lists):
+        return [f"no cluster-autoscaler (no {ns}/{name} ConfigMap): node groups are not known"]
+    return []
+
+
+def autoscaler_source(api: Any) -> Source:
+    """The autoscaler's status ConfigMap as a list narrowed to its one name, which a watch can follow (RBAC
+    grants list/watch on that one name: a request with the `metadata.name` field selector is authorised by it)."""
+    from kubernetes import client
+
+    ns, name = AUTOSCALER_STATUS
+    return Source("configmap", "ConfigMap", client.CoreV1Api(api).list_namespaced_config_map,
+                  {"namespace": ns, "field_selector": f"metadata.name={name}"}, optional=True)
+
+
+def list_dra(api: Any, call: Caller) -> list[tuple[Source, list[dict[str, Any]], str]]:
+    """The DRA kinds of the newest API version the server answers; [] when it serves none (yet)."""
     for slices, claims in dra_sources(api):
         got = call.list(slices)
         if got is None:
             continue
-        out.append((slices, *got))
+        out = [(slices, *got)]
         got = call.list(claims)
         if got is not None:
             out.append((claims, *got))
-        break
-    return out
+        return out
+    return []
+
+
+def list_all(api: Any, call: Caller, extra: list[Source] | None = None) -> list[tuple[Source, list[dict[str, Any]],
+                                                                                    str]]:
+    """List every source once: (source, items, resourceVersion); skipped optional parts are left out."""
+    out = []
+    for src in [*sources(api), *(extra or [])]:
+        got = call.list(src)
+        if got is not None:
+            out.append((src, *got))
+    return out + list_dra(api, call)
 
 
 def where_of(context: str | None) -> str:
@@ -193,5 +201,5 @@ def read_live(context: str | None = None, *, api: Any = None, now: Callable[[], 
     the context and the call."""
     api = api or api_client(context)
     call = Caller(where_of(context))
-    lists = [(src, items) for src, items, _rv in list_all(api, call)]
-    return assemble(lists, read_autoscaler_status(api, call), call, now())
+    lists = [(src, items) for src, items, _rv in list_all(api, call, [autoscaler_source(api)])]
+    return assemble(lists, call, now())

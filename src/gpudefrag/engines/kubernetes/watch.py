@@ -1,13 +1,21 @@
-"""An informer-style watch cache for a long-lived process (the controller): list each kind once, then keep it
-current with a watch, so that a cycle reads a local store instead of listing 7,000 pods again.
+"""An informer-style watch feed for a long-lived process (the controller): list each kind once, then keep the
+live model (incremental.py, `LiveModel`) current with watches, so that a cycle converts only what changed
+instead of listing 40,000 pods again.
 
 Each `Source` of live.py gets a feed: the initial list records its resourceVersion; a background thread watches
 from there (`watch=True`, bookmarks on, the server's JSON lines parsed as is) and applies ADDED / MODIFIED /
-DELETED to the feed's store, keyed by namespace/name. A stream that ends (the server's timeout) is resumed from
-the last resourceVersion seen; a 410 Gone (the resourceVersion expired) or an ERROR event relists the kind and
-swaps its store at once; a broken connection (an API server restart) is retried until it answers.
+DELETED to the model. A stream that ends (the server's timeout) is resumed from the last resourceVersion seen;
+a 410 Gone (the resourceVersion expired) or an ERROR event relists the kind (with a growing pause when that
+repeats) and applies the difference; a broken connection (an API server restart) is retried until it answers.
+Every input is followed this way, the autoscaler's status ConfigMap too: after the start a warm controller makes
+no list and no get between changes. The DRA kinds, when the server does not serve them at the start, are
+looked for again with a growing pause (30 s doubling to 10 min) and followed from when they appear.
 
-Staleness is safe by construction: the cache only feeds diagnosis and planning. Before a move touches anything
+A change that can alter a decision (a pod created, bound, finished or deleted, a node's capacity or readiness,
+any quota, PDB, DRA object or scheduling event) sets the wake flag that `wait()` returns on: the controller
+reacts to it instead of to a timer.
+
+Staleness is safe by construction: the model only feeds diagnosis and planning. Before a move touches anything
 the executor re-reads from the API what it touches (the target node and the pods on it, the original pod's uid
 and node, the PDBs), and the eviction carries the original's uid as a precondition.
 """
@@ -23,21 +31,21 @@ from typing import Any
 
 from ...errors import InputError
 from .convert import KubeCluster
-from .live import Caller, Source, assemble, list_all, read_autoscaler_status, where_of
+from .incremental import LiveModel
+from .live import Caller, Source, absence_notes, autoscaler_source, list_all, list_dra, where_of
 
-
-def _key(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+RELIST_BACKOFF_MAX_S = 30.0
+DRA_PROBE_S = (30.0, 600.0)  # first pause, longest pause between looks for the DRA kinds
 
 
 class _Feed:
-    """One kind's store and the thread that keeps it current."""
+    """One kind's watch thread and where it stands; its objects live in the model."""
 
-    def __init__(self, src: Source, items: list[dict[str, Any]], rv: str) -> None:
+    def __init__(self, src: Source, rv: str) -> None:
         self.src = src
-        self.store = {_key(o): o for o in items}
         self.rv: str | None = rv  # None: the next round relists
+        self.last_relist: float | None = None
+        self.backoff = 0.0
         self.connected = False
         self.down_since: float | None = None
         self.relists = 0
@@ -47,7 +55,8 @@ class _Feed:
 
 class WatchCache:
     """The cluster as the watches last saw it. `start()` lists everything (errors as `read_live`'s) and starts
-    the watches; `cluster()` converts the store (no list call); `stop()` ends the watches."""
+    the watches; `cluster()` converts what changed (no API call); `wait()` sleeps until a change that matters;
+    `stop()` ends the watches."""
 
     def __init__(self, api: Any, context: str | None = None, *, watch_timeout_s: int = 240, retry_s: float = 1.0,
                  stale_after_s: float = 30.0, now: Callable[[], float] = time.time) -> None:
@@ -63,18 +72,55 @@ class WatchCache:
         self.generation = 0  # bumped by every change to any store
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._configmap: dict[str, Any] | None = None
+        self.model = LiveModel(self.where)
+        self._wake = threading.Event()
+        self.dra_probe_s = DRA_PROBE_S
 
     def start(self) -> WatchCache:
         call = Caller(self.where)
-        for src, items, rv in list_all(self.api, call):
-            self.feeds[src.name] = _Feed(src, items, rv)
+        listed = list_all(self.api, call, [autoscaler_source(self.api)])
         self.skipped = call.warnings
-        for feed in self.feeds.values():
-            t = threading.Thread(target=self._run, args=(feed,), name=f"watch {feed.src.name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._follow(listed)
+        if not any(src.kind == "ResourceSlice" for src, _, _ in listed):
+            self._spawn(self._probe_dra, "look for DRA")
         return self
+
+    def _follow(self, listed: list[tuple[Source, list[dict[str, Any]], str]]) -> None:
+        with self.lock:
+            for src, items, rv in listed:
+                self.feeds[src.name] = _Feed(src, rv)
+                self.model.add_feed(src.name, src.kind)
+                self.model.replace(src.name, items)
+                self.generation += 1
+        for src, _, _ in listed:
+            self._spawn(lambda f=self.feeds[src.name]: self._run(f), f"watch {src.name}")
+
+    def _spawn(self, fn: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=fn, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _probe_dra(self) -> None:
+        """The server did not serve DRA at the start: look again with a growing pause, follow it once it does
+        (an API server upgraded or reconfigured while the controller runs)."""
+        pause, longest = self.dra_probe_s
+        while not self._stop.wait(pause):
+            call = Caller(self.where)
+            try:
+                got = list_dra(self.api, call)
+            except InputError:  # the server is down: look again later
+                got = []
+            if got:
+                self._follow(got)
+                self._wake.set()
+                return
+            pause = min(pause * 2, longest)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a change that can alter a decision arrives (True) or `timeout` passes (False)."""
+        got = self._wake.wait(timeout)
+        self._wake.clear()
+        return got
 
     def stop(self) -> None:
         self._stop.set()
@@ -84,22 +130,16 @@ class WatchCache:
             t.join(timeout=5)
 
     def cluster(self) -> KubeCluster:
-        """Convert what the store holds now; only the autoscaler's status ConfigMap is read (one GET)."""
-        call = Caller(self.where)
-        call.warnings.extend(self.skipped)
+        """The model now: what changed since the last call converted, no API call."""
+        warnings = list(self.skipped)
         t = time.monotonic()
         with self.lock:
-            # in key order, as a list call answers (etcd's key order): the same input gives the same state
-            lists = [(f.src, [f.store[k] for k in sorted(f.store)]) for f in self.feeds.values()]
             for f in self.feeds.values():
                 if f.down_since is not None and t - f.down_since >= self.stale_after_s:
-                    call.warnings.append(f"watch {f.src.name}: not connected for {t - f.down_since:.0f} s; "
-                                         "what it shows may be stale")
-        try:
-            self._configmap = read_autoscaler_status(self.api, call)
-        except InputError as e:  # the API server is unreachable: the cache still answers, with the last one seen
-            call.warnings.append(f"{e.message}; the autoscaler status is the last one read")
-        return assemble(lists, self._configmap, call, self.now())
+                    warnings.append(f"watch {f.src.name}: not connected for {t - f.down_since:.0f} s; "
+                                    "what it shows may be stale")
+            notes = absence_notes([(k, self.model.raw[f]) for f, k in self.model.kinds.items()])
+            return self.model.cluster(self.now(), warnings, notes)
 
     # ------------------------------------------------------------------ the watch threads
     def _close(self, feed: _Feed) -> None:
@@ -114,12 +154,23 @@ class WatchCache:
             feed.down_since = time.monotonic()
 
     def _relist(self, feed: _Feed) -> None:
+        """List the kind again (its watch expired) and apply the difference. A relist soon after the last one
+        waits first, longer each time (to 30 s): a server that keeps expiring watches is not listed in a loop."""
+        t = time.monotonic()
+        if feed.last_relist is not None and t - feed.last_relist < 60:
+            feed.backoff = min(max(feed.backoff * 2, self.retry_s), RELIST_BACKOFF_MAX_S)
+            if self._stop.wait(feed.backoff):
+                return
+        else:
+            feed.backoff = 0.0
+        feed.last_relist = time.monotonic()
         call = Caller(self.where)
         got = call.list(feed.src)  # InputError when the server cannot answer: retried by _run
         items, rv = got if got is not None else ([], "")
-        store = {_key(o): o for o in items}
         with self.lock:
-            feed.store, feed.rv = store, rv
+            if self.model.replace(feed.src.name, items):
+                self._wake.set()
+            feed.rv = rv
             feed.relists += 1
             self.generation += 1
 
@@ -128,6 +179,8 @@ class WatchCache:
             try:
                 if feed.rv is None:
                     self._relist(feed)
+                    if feed.rv is None:  # stopped while pausing
+                        continue
                 self._watch(feed)
             except Exception:  # a broken stream, an unreachable server, a relist refused: try again shortly
                 self._down(feed)
@@ -159,10 +212,8 @@ class WatchCache:
                 if typ != "BOOKMARK":
                     obj.setdefault("kind", src.kind)
                     with self.lock:
-                        if typ == "DELETED":
-                            feed.store.pop(_key(obj), None)
-                        else:
-                            feed.store[_key(obj)] = obj
+                        if self.model.apply(src.name, typ, obj):
+                            self._wake.set()
                         feed.events += 1
                         self.generation += 1
                 if rv:

@@ -1,0 +1,112 @@
+"""The live model (incremental.py) against a conversion from scratch: after any sequence of watch events of every
+kind, and any relist, a cycle gives what `to_cluster` gives for the same objects — converting only what changed.
+The real API server version of this property is tests/kubernetes/real/test_incremental_real.py (churn.py
+there holds what both generate and compare)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpudefrag.engines.kubernetes.convert import to_cluster
+from gpudefrag.engines.kubernetes.dump import objects_from_documents
+from gpudefrag.engines.kubernetes.incremental import LiveModel
+from gpudefrag.errors import InputError
+
+from .real.churn import FEEDS, NODES, change, comparable, node, pod
+
+NOW = 1_780_000_100.0
+
+
+def scratch(model: LiveModel) -> Any:
+    """What `read_live` converts: every feed listed (in key order, as the server lists), one `to_cluster`."""
+    docs = [(f, {"apiVersion": "v1", "kind": "List", "items": [store[k] for k in sorted(store)]})
+            for f, store in model.raw.items()]
+    return to_cluster(objects_from_documents(docs, model.source), now=NOW, strict=False)
+
+
+def outcome(fn: Any) -> Any:
+    try:
+        return comparable(fn())
+    except InputError as e:
+        return ("error", e.message)
+
+
+def fresh() -> LiveModel:
+    m = LiveModel("current context", FEEDS)
+    for i, name in enumerate(NODES):
+        m.apply("nodes", "ADDED", node(name, 8, i))
+    return m
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(change(), min_size=1, max_size=8), min_size=1, max_size=10))
+def test_every_cycle_equals_a_conversion_from_scratch(batches: list[list[tuple[str, str, dict[str, Any]]]]) -> None:
+    m = fresh()
+    for batch in batches:
+        for feed, typ, obj in batch:
+            m.apply(feed, typ, obj)
+        assert outcome(lambda: m.cluster(NOW)) == outcome(lambda: scratch(m))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(change(), min_size=1, max_size=12), st.lists(change(), max_size=12))
+def test_a_relist_applies_the_difference(before: list[Any], after: list[Any]) -> None:
+    """A 410 Gone relists a kind: the model applies what differs from what it held, and still equals scratch."""
+    m = fresh()
+    for feed, typ, obj in before:
+        m.apply(feed, typ, obj)
+    outcome(lambda: m.cluster(NOW))
+    other = fresh()
+    for feed, typ, obj in before + after:
+        other.apply(feed, typ, obj)
+    for feed in m.raw:
+        m.replace(feed, list(other.raw[feed].values()))
+    assert outcome(lambda: m.cluster(NOW)) == outcome(lambda: scratch(other))
+
+
+def test_a_cycle_converts_only_what_changed() -> None:
+    m = fresh()
+    for i in range(24):
+        m.apply("pods", "ADDED", pod("ml", f"w{i}", 1, NODES[i % 3], i, 0))
+    m.cluster(NOW)
+    before = m.conversions
+    m.apply("pods", "ADDED", pod("ml", "late", 2, None, 50, 1))
+    m.apply("pods", "DELETED", pod("ml", "w3", 1, NODES[0], 3, 0))
+    got = m.cluster(NOW)
+    # the new pending pod, and w3's node with its 7 remaining pods: not the other 2 nodes and their 16 pods
+    assert m.conversions - before == 1 + 1 + 7
+    assert "ml/late" in {w.id for w in got.state.pending} and "ml/w3" not in got.pods
+    assert comparable(got) == comparable(scratch(m))
+
+
+def test_a_change_that_can_alter_a_decision_wakes_the_controller() -> None:
+    m = fresh()
+    assert m.apply("pods", "ADDED", pod("ml", "a", 2, None, 1, 0))  # a new pending pod
+    bound = pod("ml", "a", 2, NODES[0], 1, 0)
+    assert m.apply("pods", "MODIFIED", bound)  # bound
+    same = pod("ml", "a", 2, NODES[0], 1, 0)
+    same["status"]["containerStatuses"] = [{"name": "main", "ready": True}]
+    assert not m.apply("pods", "MODIFIED", same)  # a running pod's container status: nothing to decide
+    beat = node(NODES[0], 8, 0)
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T00:00:00Z"
+    assert not m.apply("nodes", "MODIFIED", beat)  # a heartbeat
+    assert m.apply("nodes", "MODIFIED", node(NODES[0], 8, 5))  # cordoned
+    assert m.apply("pods", "DELETED", same)  # GPUs freed
+
+
+def test_a_malformed_object_fails_the_cycle_until_it_is_fixed() -> None:
+    m = fresh()
+    bad = pod("ml", "bad", 1, NODES[0], 1, 0)
+    bad["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "lots"
+    m.apply("pods", "ADDED", bad)
+    with pytest.raises(InputError) as e:
+        m.cluster(NOW)
+    assert "items[ml/bad].spec.containers[0].resources.requests" in str(e.value)
+    with pytest.raises(InputError):  # still marked: not silently dropped
+        m.cluster(NOW)
+    m.apply("pods", "MODIFIED", pod("ml", "bad", 1, NODES[0], 1, 0))
+    assert m.cluster(NOW).state.workload("ml/bad").is_running
