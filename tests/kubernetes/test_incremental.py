@@ -11,9 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudefrag.engines.kubernetes.convert import to_cluster
-from gpudefrag.engines.kubernetes.dump import objects_from_documents
 from gpudefrag.engines.kubernetes.incremental import LiveModel
+from gpudefrag.engines.kubernetes.live import Caller, Source, assemble
 from gpudefrag.errors import InputError
 
 from .real.churn import FEEDS, NODES, change, comparable, node, pod
@@ -22,10 +21,11 @@ NOW = 1_780_000_100.0
 
 
 def scratch(model: LiveModel) -> Any:
-    """What `read_live` converts: every feed listed (in key order, as the server lists), one `to_cluster`."""
-    docs = [(f, {"apiVersion": "v1", "kind": "List", "items": [store[k] for k in sorted(store)]})
-            for f, store in model.raw.items()]
-    return to_cluster(objects_from_documents(docs, model.source), now=NOW, strict=False)
+    """What `read_live` converts: every feed listed (in key order, as the server lists), converted from scratch
+    by the same function (`assemble`: one `to_cluster`)."""
+    lists = [(Source(f, model.kinds[f], lambda: None), [store[k] for k in sorted(store)])
+             for f, store in model.raw.items()]
+    return assemble(lists, Caller(model.where), NOW)
 
 
 def outcome(fn: Any) -> Any:

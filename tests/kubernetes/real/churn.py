@@ -4,7 +4,9 @@ the autoscaler status), and what makes two conversions comparable."""
 
 from __future__ import annotations
 
+import json
 import re
+import zlib
 from typing import Any
 
 from hypothesis import strategies as st
@@ -139,6 +141,8 @@ def change(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
         obj = other(kind, draw(st.sampled_from(PODS)), variant)
     else:
         obj = other(kind, draw(st.sampled_from(NAMESPACES)), variant)
+    # as the API server's: another resourceVersion whenever the object changed (a relist compares by it)
+    obj["metadata"]["resourceVersion"] = str(zlib.crc32(json.dumps(obj, sort_keys=True).encode()))
     return feed, typ, obj
 
 
