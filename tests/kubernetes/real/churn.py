@@ -151,18 +151,22 @@ _LOCATION = re.compile(r"items\[[^\]]*\]")
 
 def comparable(cluster: KubeCluster) -> dict[str, Any]:
     """Everything a cycle reads from a KubeCluster, in a form two conversions can be compared by; warnings name
-    the object by its place in a list (a conversion from scratch) or by its key (the model), so not by that."""
+    the object by its place in a list (a conversion from scratch) or by its key (the model), so not by that, and
+    raw objects are compared without their apiVersion (a watch event's object has it, a list's item not)."""
+    def raw(obj: Any) -> dict[str, Any]:  # a watch event's object names its apiVersion, a list's item does not
+        return {k: v for k, v in obj.items() if k != "apiVersion"}
+
     d = state_to_dict(cluster.state)
     d.pop("name", None)
     return {
         "state": d,
         "order": [w.id for w in cluster.state.workloads],
-        "pods": {k: (as_dict_info(v), v.uid, v.scheduler_source, v.autoscaler_message, v.synthetic, dict(v.raw))
+        "pods": {k: (as_dict_info(v), v.uid, v.scheduler_source, v.autoscaler_message, v.synthetic, raw(v.raw))
                  for k, v in cluster.pods.items()},
         "pdbs": [p.as_dict() for p in cluster.pdbs],
         "events": list(cluster.events),
         "groups": list(cluster.groups),
         "warnings": [_LOCATION.sub("items[]", w) for w in cluster.warnings],
-        "raw_nodes": dict(cluster.raw_nodes),
-        "raw_pdbs": list(cluster.raw_pdbs),
+        "raw_nodes": {k: raw(v) for k, v in cluster.raw_nodes.items()},
+        "raw_pdbs": [raw(p) for p in cluster.raw_pdbs],
     }

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gpudefrag.engines.kubernetes.live import read_live
@@ -105,6 +105,9 @@ def model(kube: KubeLab) -> Iterator[tuple[KubeLab, WatchCache]]:
         yield kube, c
     finally:
         c.stop()
+        # cluster-wide or outside the test namespace: what the next test must not find
+        kube.kubectl("-n", "kube-system", "delete", "configmap", "cluster-autoscaler-status", "--ignore-not-found")
+        kube.kubectl("delete", "resourceslice", *(f"{n}-gpus" for n in NODES), "--ignore-not-found")
 
 
 def test_random_churn_through_the_api_equals_a_conversion_from_scratch(model: tuple[KubeLab, WatchCache]) -> None:
@@ -115,7 +118,8 @@ def test_random_churn_through_the_api_equals_a_conversion_from_scratch(model: tu
     relists = {n: f.relists for n, f in c.feeds.items()}
     converted: list[int] = []
 
-    @settings(max_examples=6, deadline=None, database=None,
+    # no shrinking: each try waits for equality, so a failure is reported as generated, with what differed
+    @settings(max_examples=6, deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(st.lists(CHANGE, min_size=1, max_size=6))
     def churn(changes: list[tuple[Any, ...]]) -> None:
@@ -132,10 +136,66 @@ def test_random_churn_through_the_api_equals_a_conversion_from_scratch(model: tu
                 g["pods"] = {k: v[:-1] for k, v in g["pods"].items()}  # status details KWOK rewrites
             return got[0] == got[1]
 
-        lab.wait("the model to equal a conversion from scratch", equal, timeout=60, every=0.5)
+        def differs() -> str:
+            return f"after {changes}: " + "; ".join(f"{k}: model {got[0][k]!r:.1500} / fresh {got[1][k]!r:.1500}"
+                                                    for k in got[0] if got[0][k] != got[1][k])
+
+        lab.wait("the model to equal a conversion from scratch", equal, timeout=60, every=0.5, state=differs)
         converted.append(c.model.conversions - before)
 
     churn()
     assert {n: f.relists for n, f in c.feeds.items()} == relists, "followed by watching, not by listing again"
     # each cycle converted a few objects, never the whole cluster again
     assert converted and max(converted) < 3 + 30, converted
+
+
+def _role(name: str, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+             "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "ml"}]}]
+
+
+def test_dra_kinds_are_followed_from_when_the_server_serves_them(kube: KubeLab) -> None:
+    """The controller starts while it cannot read DRA (here: RBAC forbids it; an API server without the
+    resource.k8s.io group answers 404 the same way): the kinds are skipped with a warning, looked for again,
+    and followed once readable — a ResourceSlice made after that gives its node GPUs in the next cycle."""
+    import copy
+
+    from kubernetes import client
+
+    kube.nodes(gpu_node("gpu-dra", plugin=False))  # the labels say 8 GPUs; no device plugin advertises them
+    kube.namespaces("ml")
+    verbs = ["list", "watch"]
+    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader", "namespace": "ml"}},
+        *_role("gpudefrag-test-reader", [
+            {"apiGroups": [""], "resources": ["nodes", "pods", "resourcequotas", "events", "configmaps"],
+             "verbs": verbs},
+            {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": verbs}])]}))
+    token = kube.kubectl("-n", "ml", "create", "token", "reader").stdout.strip()
+    admin = kube.client()
+    cfg = copy.copy(admin.configuration)
+    cfg.cert_file = cfg.key_file = None
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    c = WatchCache(client.ApiClient(cfg), retry_s=0.3)
+    c.dra_probe_s = (0.5, 2.0)
+    c.start()
+    try:
+        first = c.cluster()
+        assert "resourceslices" not in c.feeds
+        assert any("resourceslices" in w and "403" in w for w in first.warnings), first.warnings
+        assert first.state.node("gpu-dra").usable_gpus == 0
+        kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": _role(
+            "gpudefrag-test-dra", [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices",
+                                                                                "resourceclaims"], "verbs": verbs}])}))
+        kube.wait("the DRA kinds followed", lambda: "resourceslices" in c.feeds, timeout=60)
+        kube.kubectl("apply", "-f", "-", input=json.dumps(dra_slice("gpu-dra", 8)))
+        kube.wait("the slice's GPUs on gpu-dra",
+                  lambda: c.cluster().state.node("gpu-dra").usable_gpus == 8, timeout=30)
+    finally:
+        c.stop()
+        kube.kubectl("delete", "clusterrolebinding,clusterrole", "gpudefrag-test-reader", "gpudefrag-test-dra",
+                     "--ignore-not-found")
+        kube.kubectl("delete", "resourceslice", "gpu-dra-gpus", "--ignore-not-found")
