@@ -91,9 +91,14 @@ def test_a_change_that_can_alter_a_decision_wakes_the_controller() -> None:
     same = pod("ml", "a", 2, NODES[0], 1, 0)
     same["status"]["containerStatuses"] = [{"name": "main", "ready": True}]
     assert not m.apply("pods", "MODIFIED", same)  # a running pod's container status: nothing to decide
+    m.cluster(NOW)
     beat = node(NODES[0], 8, 0)
     beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T00:00:00Z"
-    assert not m.apply("nodes", "MODIFIED", beat)  # a heartbeat
+    before = m.conversions
+    assert not m.apply("nodes", "MODIFIED", beat)  # a heartbeat: nothing to decide, nothing to convert again
+    got = m.cluster(NOW)
+    assert m.conversions == before and got.raw_nodes[NODES[0]] is beat
+    assert comparable(got) == comparable(scratch(m))
     assert m.apply("nodes", "MODIFIED", node(NODES[0], 8, 5))  # cordoned
     assert m.apply("pods", "DELETED", same)  # GPUs freed
 

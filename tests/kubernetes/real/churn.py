@@ -125,6 +125,7 @@ def change(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
     typ = draw(st.sampled_from(["ADDED", "MODIFIED", "MODIFIED", "DELETED"]))
     if kind == "Node":
         obj = node(draw(st.sampled_from(NODES)), draw(st.sampled_from([4, 8])), variant)
+        obj["status"]["conditions"][0]["lastHeartbeatTime"] = stamp(draw(st.integers(0, 3)))  # heartbeats too
     elif kind == "Pod":
         where = draw(st.one_of(st.none(), st.sampled_from([*NODES, "gone-node"])))
         obj = pod(draw(st.sampled_from(NAMESPACES)), draw(st.sampled_from(PODS)), draw(st.integers(0, 4)), where,

@@ -6,7 +6,8 @@ cycles a handful of objects change. `LiveModel` holds each kind's objects as the
 converted to, and re-converts at the next `cluster()` only what a change can affect:
 
 - a node: its own conversion, and the pods bound to it (a pod's GPU indices are handed out in creation order
-  among the pods of its node, and a pod takes its versions from its node);
+  among the pods of its node, and a pod takes its versions from its node) — unless only what the conversion
+  does not read changed (a heartbeat): then only the raw object is replaced;
 - a pod: the group of the node it is (or was) bound to, or itself when unbound;
 - DRA slices/claims: the nodes whose GPU inventory changed, the pods whose claims changed;
 - scheduling events: the unbound pods whose newest event changed (bound pods do not read events);
@@ -72,11 +73,13 @@ def _pod_signal(pod: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _node_signal(node: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What of a node can change a decision (not its heartbeats): labels, spec, capacity, readiness."""
+    """Everything of a node its conversion reads (labels, spec, capacity, readiness, nodeInfo): not its
+    heartbeats, which KWOK and kubelets write every few seconds on every node."""
     meta, status = node.get("metadata") or {}, node.get("status") or {}
     ready = next((c.get("status") for c in status.get("conditions") or [] if isinstance(c, dict)
                   and c.get("type") == "Ready"), None)
-    return (meta.get("labels"), node.get("spec"), status.get("capacity"), status.get("allocatable"), ready)
+    return (meta.get("labels"), node.get("spec"), status.get("capacity"), status.get("allocatable"), ready,
+            status.get("nodeInfo"))
 
 
 @dataclass(slots=True)
@@ -158,6 +161,10 @@ class LiveModel:
             return self._pod_changed(k, old, new)
         if kind == "Node":
             name = (obj.get("metadata") or {}).get("name") or ""
+            if old is not None and new is not None and name in self._raw_nodes and name not in self._dirty_nodes \
+                    and _node_signal(old) == _node_signal(new):
+                self._raw_nodes[name] = new  # a heartbeat: the same conversion; only the raw object is newer
+                return False
             self._dirty_nodes.add(name)
             return old is None or new is None or _node_signal(old) != _node_signal(new)
         if kind in ("ResourceSlice", "ResourceClaim"):
