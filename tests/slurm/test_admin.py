@@ -255,3 +255,26 @@ def test_a_rollback_to_any_node_clears_the_pin(cluster) -> None:  # type: ignore
     assert info.required_nodes == () and info.excluded_nodes == (), info
     eng.release(jid)
     c.wait_running(jid)
+
+
+def test_once_moves_nothing_for_a_held_job(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The pending 8-GPU job is held (JobHeldAdmin): `controller --once` (an explicit request to free a whole
+    node) moves nothing and says why, naming the job and its cause; Slurm's state is unchanged."""
+    c = cluster
+    jobs = {}
+    for n in NODES:
+        for i, g in enumerate((3, 2)):
+            jobs[f"w-{n}-{i}"] = c.submit(f"w-{n}-{i}", g, n)
+    c.wait_running(*jobs.values())
+    held = c.submit("held8", 8, wrapper=False)
+    c.sh("scontrol", "hold", held)
+    wait_for(lambda: reason_of(c, held) == "JobHeldAdmin", 20, "held8 held by the admin")
+    policy = c.write_policy(c.root / "held.yaml")
+    journal = c.root / "held.db"
+    p = subprocess.run(c.controller_cmd(policy, journal, "--once"), env={**c.env, "COLUMNS": "300"},
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert Journal(journal).all() == [], p.stdout
+    assert f"{held} (not-eligible: JobHeldAdmin)" in p.stdout and "--plan-anyway" in p.stdout, p.stdout[-3000:]
+    for jid in jobs.values():
+        assert "Restarts=0" in c.sh("scontrol", "show", "job", "-o", jid)
