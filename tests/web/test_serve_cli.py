@@ -58,6 +58,7 @@ def test_cli_option_errors_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--token-file" in r.stderr
     short = tmp_path / "short-token"
     short.write_text("abc\n")
+    short.chmod(0o600)  # a token others may read is refused before its length is looked at
     r = run("--enable-actions", "--token-file", str(short), "--check", cwd=tmp_path)
     assert r.returncode == 2 and str(short) in r.stderr and "at least 16" in r.stderr
     r = run("--enable-actions", "--token-file", str(tmp_path / "missing"), "--check", cwd=tmp_path)
