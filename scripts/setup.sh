@@ -28,9 +28,13 @@ if [ "$want" = all ]; then
   command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)  # checkpoint images (OCI distribution)
   [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
   scripts/install-criu.sh
+  # the gpudefrag image (Containerfile; debootstrap + pip: mostly network) beside the Go builds (CPU)
+  tools/kubenode/images.sh gpudefrag >/tmp/gpudefrag-image-build.log 2>&1 &
+  image_build=$!
   tools/kubecluster/build.sh >/dev/null  # the Kubernetes control plane (cached; ~20 min the first time)
   tools/kubenode/build.sh >/dev/null     # real nodes: kubelet, containerd, runc, device plugin (cached)
   tools/kubenode/images.sh build >/dev/null  # their images: pause, counter (cached)
+  wait "$image_build" || { tail -20 /tmp/gpudefrag-image-build.log >&2; log "building the gpudefrag image failed"; exit 1; }
 fi
 
 PY=${PYTHON:-python3}

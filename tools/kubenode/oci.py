@@ -53,7 +53,10 @@ def _dirs(tar: tarfile.TarFile, seen: set[str], path: str) -> None:
 def build_layer(args: argparse.Namespace, out: Path) -> None:
     """Write the layer tar: --layer-tar copied as is, else the files, trees and links named."""
     if args.layer_tar:
-        shutil.copyfile(args.layer_tar, out)
+        try:  # a hard link where it can be (a root filesystem layer is a gigabyte)
+            os.link(args.layer_tar, out)
+        except OSError:
+            shutil.copyfile(args.layer_tar, out)
         return
     seen: set[str] = set()
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -100,7 +103,7 @@ def _blob(root: Path, data: bytes) -> dict[str, object]:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def build(args: argparse.Namespace) -> None:
+def build(args: argparse.Namespace) -> str:
     out = Path(args.out)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         root = Path(tmp) / "layout"
@@ -150,7 +153,7 @@ def build(args: argparse.Namespace) -> None:
                     with p.open("rb") as f:
                         tar.addfile(_info(rel, tarfile.REGTYPE, 0o644, p.stat().st_size), f)
         part.rename(out)
-    print(man["digest"])
+    return str(man["digest"])
 
 
 def _request(method: str, url: str, data: bytes | None = None, headers: dict[str, str] | None = None,
@@ -211,7 +214,10 @@ def main() -> None:
     p.add_argument("registry")
     p.add_argument("name")
     args = ap.parse_args()
-    build(args) if args.action == "build" else push(args)
+    if args.action == "build":
+        print(build(args))
+    else:
+        push(args)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,14 @@ class KubeNodes:
                        check=True, capture_output=True, timeout=300)
         return self.image(repo_tag)
 
+    def push_gpudefrag_image(self) -> str:
+        """The repository's Containerfile built here (tools/kubenode/images.sh; cached) and pushed; its name."""
+        p = subprocess.run([str(NODE_TOOLS / "images.sh"), "push-gpudefrag", self.registry], capture_output=True,
+                           text=True, timeout=1800)
+        if p.returncode != 0:
+            raise AssertionError(f"images.sh push-gpudefrag: {p.stderr.strip()[-2000:]}")
+        return self.image("gpudefrag/gpudefrag:dev")
+
     def logs(self, ns: str, pod: str, container: str = "main") -> str:
         return self.lab.kubectl("-n", ns, "logs", pod, "-c", container).stdout
 

@@ -73,3 +73,20 @@ def test_checkpoint_on_node_a_restores_on_node_b_and_keeps_counting(kube_nodes: 
     assert [ln for ln in log_b.splitlines() if ln.startswith("started ")] == started, log_b[:300]
     assert got[0] == 0 and all(b - a in (0, 1) for a, b in itertools.pairwise(got)), got
     assert before in got and got[-1] > after
+
+
+def test_the_gpudefrag_image_from_the_containerfile_runs_on_a_real_node(kube_nodes: KubeNodes) -> None:
+    lab = kube_nodes.lab
+    ns = "image"
+    lab.namespaces(ns)
+    lab.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cli", "namespace": ns},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": "real-b"}, "restartPolicy": "Never",
+                         "automountServiceAccountToken": False,
+                         "containers": [{"name": "main", "image": kube_nodes.push_gpudefrag_image(),
+                                         "args": ["frag", "--help"]}]}})
+    lab.wait("the gpudefrag pod to finish", lambda: lab.get("pods", "cli", ns=ns)["status"].get("phase")
+             in ("Succeeded", "Failed"), timeout=300, state=lambda: lab.pod_states(ns))
+    pod = lab.get("pods", "cli", ns=ns)
+    log = kube_nodes.logs(ns, "cli")
+    assert pod["status"]["phase"] == "Succeeded", log[-2000:]
+    assert "Usage: gpudefrag frag" in log
