@@ -54,15 +54,17 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# a zombie is not alive (this machine's init reaps orphans late, and kill -0 succeeds on a zombie)
+pid_alive() { local st; st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1); [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]; }
+alive() { [ -f "$1" ] && pid_alive "$(cat "$1")"; }
 
 stop_pidfile() {  # stop_pidfile FILE: end the session the recorded PID leads (setsid), then forget it
   local f=$1 pid
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  if pid_alive "$pid"; then
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 50); do pid_alive "$pid" || break; sleep 0.1; done
     kill -KILL -- "-$pid" 2>/dev/null || true
   fi
   rm -f "$f"
@@ -110,10 +112,12 @@ take_slot() {  # take_slot NODEDIR: print a free slot number (1..200), recorded 
     for s in $(seq 1 200); do
       f=$MACHINE/slot-$s
       if [ -f "$f" ]; then
-        # a slot whose node folder is gone, or whose holder is dead and not registered, is stale
+        # stale: its node folder is gone, or its namespace holder died (a lab killed without `down`); taken: a
+        # live holder, or no holder yet (that node is starting). node_up clears a stale slot's leftovers.
         read -r owner < "$f" || true
-        if [ -d "$owner" ] && alive "$owner/pids/holder"; then continue; fi
-        if [ -d "$owner" ] && [ "$owner" != "$1" ]; then continue; fi
+        if [ -d "$owner" ] && [ "$owner" != "$1" ]; then
+          if alive "$owner/pids/holder" || [ ! -f "$owner/pids/holder" ]; then continue; fi
+        fi
       fi
       echo "$1" > "$f"; echo "$s"; exit 0
     done
@@ -424,15 +428,24 @@ node_down() {
   slot=$(sed -n 's/^NODE_SLOT=//p' "$n/env")
   cg=gpudefrag-kubenode$slot bridge=gpdk$slot
   [ -x "$dir/bin/kubectl" ] && kubectl_ delete node "$name" --wait=false --request-timeout=10s >/dev/null 2>&1 || true
-  # the kubelet first, so it does not start what we stop; then everything in the node's cgroups (containerd,
-  # shims, containers, the namespace holder): with the last of them the mount namespace and its mounts go
-  for c in fakegpu-plugin kubelet containerd; do stop_pidfile "$n/pids/$c"; done
-  cg_kill_all "$cg"
-  stop_pidfile "$n/pids/holder"
-  cg_remove "$cg"
-  ip link del "$bridge" 2>/dev/null || true
-  # pod network namespaces were bind-mounted inside the node's namespace only: gone with it
-  release_slot "$slot"
+  # the kubelet first (SIGKILL: nothing here needs a graceful stop), so it starts nothing new; then everything in
+  # the node's cgroups (containerd, shims, containers, the namespace holder): with the last of them the mount
+  # namespace and its mounts go
+  for c in kubelet fakegpu-plugin containerd; do
+    [ -f "$n/pids/$c" ] && kill -KILL -- "-$(cat "$n/pids/$c")" 2>/dev/null || true
+    rm -f "$n/pids/$c"
+  done
+  # the slot's cgroups, bridge and record, unless a later node took the slot over (this one died unattended)
+  if [ "$(cat "$MACHINE/slot-$slot" 2>/dev/null)" = "$n" ]; then
+    cg_kill_all "$cg"
+    stop_pidfile "$n/pids/holder"
+    cg_remove "$cg"
+    ip link del "$bridge" 2>/dev/null || true
+    # pod network namespaces were bind-mounted inside the node's namespace only: gone with it
+    release_slot "$slot"
+  else
+    stop_pidfile "$n/pids/holder"
+  fi
   rm -rf "$n/containerd" "$n/kubelet" "$n/tmp" "$n/run-containerd" "$n/netns" "$n/cni/state" "$n/opt" "$n/pod-logs" "$n/container-logs"
   rm -f "$n/env" "$n/pids/holder-ns"
   log "node $name down"
