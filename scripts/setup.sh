@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything gpudefrag needs on a fresh Debian 12/13 machine (as root). Idempotent.
-#   scripts/setup.sh python   the venv (.venv) with gpudefrag and its Python dependencies (enough for the demo)
+#   scripts/setup.sh demo     the venv (.venv) with gpudefrag and its runtime dependencies only (what
+#                             ./scripts/demo.sh needs: no test tools, no PyTorch)
+#   scripts/setup.sh python   the venv with the development extras too (pytest, hypothesis, ruff, PyTorch...)
 #   scripts/setup.sh all      also the Debian packages the tests drive for real: Slurm + munge, CRIU >= 4.1,
 #                             Chromium (dashboard browser test), the local Kubernetes control plane (Go) and
 #                             its real nodes (kubelet, containerd, runc, CNI plugins, the test images)
@@ -44,11 +46,15 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv 2>/dev/null || { apt_install python3-venv; "$PY" -m venv .venv; }
 fi
+# the stamp says what is installed for which pyproject.toml: "<digest>" (with the dev extras) or "demo <digest>"
 stamp=.venv/.gpudefrag-deps
 digest=$(sha256sum pyproject.toml | cut -c1-16)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ] || ! .venv/bin/python -c 'import gpudefrag' 2>/dev/null; then
-  log "installing Python packages into .venv"
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "$want" = demo ]; then spec=.; ok="$digest|demo $digest"; mark="demo $digest"
+else spec='.[dev]'; ok="$digest"; mark="$digest"; fi
+if ! [[ "$have" =~ ^($ok)$ ]] || ! .venv/bin/python -c 'import gpudefrag' 2>/dev/null; then
+  log "installing Python packages into .venv ($spec)"
   .venv/bin/python -m pip install -q --disable-pip-version-check -U pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
-  echo "$digest" > "$stamp"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
+  echo "$mark" > "$stamp"
 fi
