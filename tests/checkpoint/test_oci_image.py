@@ -165,3 +165,20 @@ def test_record_loader_accepts_or_names_the_field(ann: dict[str, str]) -> None:
         assert e.reason == BAD_MANIFEST and "annotations." in e.detail
     else:
         assert v.driver == ann.get(COMPAT_PREFIX + "driver")
+
+
+def test_the_verifier_accepts_only_images_of_its_registry_by_name(oci_registry, tmp_path: Path, key: bytes) -> None:
+    """The agent pushes through one address and names the image as the nodes pull it; the controller fetches
+    through another address and accepts only references with that name."""
+    from gpudefrag.checkpoint.oci_registry import image_verifier
+
+    img = build_image(archive(tmp_path / "a.tar"), "main", REC, key)
+    ref = Registry(oci_registry.url, name="registry.gpudefrag.test").push("ml/counter-main", img)
+    assert ref == f"registry.gpudefrag.test/ml/counter-main@{img.digest}"
+    assert image_verifier(Registry(oci_registry.url, name="registry.gpudefrag.test"), key)(ref) == REC
+    with pytest.raises(CheckpointError, match="not in the configured registry"):
+        image_verifier(Registry(oci_registry.url), key)(ref)
+    with pytest.raises(CheckpointError) as e:  # another key: never trusted
+        image_verifier(Registry(oci_registry.url, name="registry.gpudefrag.test"),
+                       load_key(tmp_path / "o.key", create=True))(ref)
+    assert e.value.reason == WRONG_KEY

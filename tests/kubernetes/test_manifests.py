@@ -35,23 +35,70 @@ def test_kustomization_lists_every_manifest() -> None:
     assert sorted(k["resources"]) == sorted({n for n, _ in DOCS})
 
 
+def _grants(*roles: dict) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for role in roles for rule in role["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
+
+
+def _doc(kind: str, name: str) -> dict:
+    return next(d for _, d in DOCS if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
 def test_rbac_is_least_privilege() -> None:
-    role = next(d for _, d in DOCS if d["kind"] == "ClusterRole")
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}
-    # what the engine calls (live.py, executor.py)
-    needed = {("", "nodes", "list"), ("", "pods", "list"), ("", "pods", "create"), ("", "pods", "patch"),
-              ("", "pods/eviction", "create"), ("", "nodes/proxy", "create"), ("", "events", "list"),
-              ("policy", "poddisruptionbudgets", "list"), ("", "resourcequotas", "list"),
-              ("apps", "replicasets", "list"), ("batch", "jobs", "list")}
-    assert needed <= granted
-    assert not any("*" in x for t in granted for x in t)
-    assert not {("", "secrets", v) for v in ("get", "list")} & granted
-    assert ("", "nodes", "patch") not in granted and ("", "pods", "update") not in granted
+    reads = _grants(_doc("ClusterRole", "gpudefrag-controller"))
+    moves = _grants(_doc("ClusterRole", "gpudefrag-controller-moves"))
+    # cluster-wide the controller only reads (live.py); it writes through the namespaced binding (executor.py)
+    assert {("", "nodes", "list"), ("", "pods", "list"), ("", "events", "list"), ("", "resourcequotas", "list"),
+            ("policy", "poddisruptionbudgets", "list"), ("apps", "replicasets", "list"), ("batch", "jobs", "list")
+            } <= reads
+    assert {v for _, _, v in reads} == {"get", "list", "watch"}
+    assert moves == {("", "pods", "create"), ("", "pods", "patch"), ("", "pods", "delete"),
+                     ("", "pods/eviction", "create"), ("", "pods/exec", "create")}
+    for granted in (reads, moves):
+        assert not any("*" in x for t in granted for x in t)
+        assert not {("", "secrets", v) for v in ("get", "list", "watch")} & granted
+        # never the kubelet: the node agent holds that, and only its checkpoint API
+        assert not {r for _, r, _ in granted} & {"nodes/proxy", "nodes/checkpoint"}
+        assert ("", "nodes", "patch") not in granted and ("", "pods", "update") not in granted
     cm_role = next(d for _, d in DOCS if d["kind"] == "Role")
     assert cm_role["metadata"]["namespace"] == "kube-system"
     assert cm_role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
                                  "resourceNames": ["cluster-autoscaler-status"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_the_controller_writes_only_in_the_namespaces_its_policy_names() -> None:
+    cm = next(d for _, d in DOCS if d["kind"] == "ConfigMap")
+    pol = parse_policy(yaml.safe_load(cm["data"]["policy.yaml"]), "configmap.yaml")
+    bound = sorted(d["metadata"]["namespace"] for _, d in DOCS if d["kind"] == "RoleBinding"
+                   and d["roleRef"]["name"] == "gpudefrag-controller-moves")
+    assert bound == sorted(pol.filter.accounts)
+    crbs = [d["roleRef"]["name"] for _, d in DOCS if d["kind"] == "ClusterRoleBinding"]
+    assert "gpudefrag-controller-moves" not in crbs
+
+
+def test_only_the_node_agent_has_host_access_and_only_the_checkpoint_folder() -> None:
+    agent = _grants(_doc("ClusterRole", "gpudefrag-node-agent"))
+    assert agent == {("", "nodes", "get"), ("", "nodes/checkpoint", "create"), ("", "pods", "get"),
+                     ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch")}
+    ds = _doc("DaemonSet", "gpudefrag-node-agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v] == ["/var/lib/kubelet/checkpoints"]
+    c = spec["containers"][0]
+    assert c["args"][0] == "node-agent" and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not c["securityContext"].get("privileged")
+    ns = {d["metadata"]["name"]: d["metadata"]["labels"] for _, d in DOCS if d["kind"] == "Namespace"}
+    assert ns["gpudefrag"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert ds["metadata"]["namespace"] == "gpudefrag-node"
+    dep = next(d for _, d in DOCS if d["kind"] == "Deployment")
+    assert not any("hostPath" in v for v in dep["spec"]["template"]["spec"]["volumes"])
+
+
+def test_admission_binds_every_policy() -> None:
+    policies = {d["metadata"]["name"] for _, d in DOCS if d["kind"] == "ValidatingAdmissionPolicy"}
+    bound = {d["spec"]["policyName"]: d["spec"]["validationActions"] for _, d in DOCS
+             if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert policies == set(bound) == {"gpudefrag-controller-pods", "gpudefrag-node-agent-pods"}
+    assert all(a == ["Deny"] for a in bound.values())
 
 
 def test_configmap_policy_loads() -> None:

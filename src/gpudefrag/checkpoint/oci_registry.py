@@ -45,15 +45,18 @@ def repository_name(raw: str) -> str:
 
 @dataclass(frozen=True)
 class Registry:
-    """`url`: http(s)://host:port of the registry; `host` (host:port) is what image references start with."""
+    """`url`: http(s)://host:port where this process reaches the registry; `name`: what image references start
+    with (default: the URL's host:port) — the name the nodes' runtime resolves, which may differ from the
+    address a pod or the agent uses (a node-local alias, 127.0.0.1 on the host network)."""
 
     url: str
     timeout_s: float = 60.0
     ca_file: str | None = None
+    name: str | None = None
 
     @property
     def host(self) -> str:
-        return urlsplit(self.url).netloc
+        return self.name or urlsplit(self.url).netloc
 
     def reference(self, repo: str, digest: str) -> str:
         """The digest-pinned image reference a pod spec names."""

@@ -89,6 +89,9 @@ def controller(
                                  help="--engine kubernetes: the registry the node agents push checkpoint images "
                                  "to (http(s)://host:port); each image is checked there, by digest and signature "
                                  "with --key, before a replacement restores from it"),
+    registry_name: str = typer.Option(None, "--registry-name", envvar="GPUDEFRAG_REGISTRY_NAME",
+                                      help="The registry's name in image references (default: --registry's "
+                                      "host:port); only images named so are accepted"),
     snapshot: Path = typer.Option(None, "--snapshot", help="--engine sim: the cluster to simulate"),
     costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
     request_file: Path = typer.Option(None, "--request-file",
@@ -163,7 +166,8 @@ def controller(
             if not registry.startswith(("http://", "https://")):
                 raise fail(f"--registry must be http(s)://host:port, not {registry!r}")
             # the key from a Secret volume is 0440 root:<fsGroup> in the controller's pod
-            verify = image_verifier(Registry(registry), load_key(key or default_key_path(), group_read_ok=True))
+            reg = Registry(registry, name=registry_name or None)
+            verify = image_verifier(reg, load_key(key or default_key_path(), group_read_ok=True))
         executor = KubeMoveExecutor(eng, kj, cfg, options=opts, verify_image=verify,  # type: ignore[arg-type]
                                     log=log)
         if executor.active():

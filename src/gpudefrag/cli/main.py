@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "gpudefrag.cli.simulate_cmd",
     "gpudefrag.cli.controller_cmd",
     "gpudefrag.cli.run_cmd",
+    "gpudefrag.cli.node_agent_cmd",
 )
 
 for _name in COMMAND_MODULES:
