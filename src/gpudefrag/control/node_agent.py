@@ -24,12 +24,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint.oci_image import POD_ANN, build_image
 from ..checkpoint.oci_registry import Registry, repository_name
+from ..core.compat import checkpoint_record
 from ..core.model import Versions
 from ..engines.kubernetes.access import At
 from ..engines.kubernetes.convert import to_cluster
@@ -98,18 +99,19 @@ def kubelet_url(node: dict[str, Any]) -> str:
 
 
 def compat_record(node: dict[str, Any], pod: dict[str, Any]) -> Versions:
-    """What the checkpoint needs of the node it is restored on: the pod's Versions as the one converter reads
-    them (GPU model, count, driver, CUDA, architecture from the node's labels; engine, model, checkpointer from
-    the pod's annotations), with the node's kernel."""
+    """What the checkpoint needs of the node it is restored on: the record the planner already checked
+    (`core.compat.checkpoint_record`: the pod's Versions as the one converter reads them — GPU model, count,
+    driver, CUDA from the node's labels; engine, model, checkpointer from the pod's annotations — plus its
+    node's architecture, kernel and checkpointer)."""
     objs = KubeObjects("node-agent")
     objs.nodes.append(At(node, "node-agent", "node"))
     objs.pods.append(At(pod, "node-agent", "pod"))
     cluster = to_cluster(objs, strict=False)
     meta = pod.get("metadata") or {}
     wid = f"{meta.get('namespace')}/{meta.get('name')}"
-    v = cluster.state.workload(wid).versions if wid in cluster.state.workload_index else Versions()
-    kernel = ((node.get("status") or {}).get("nodeInfo") or {}).get("kernelVersion")
-    return replace(v, kernel=kernel or v.kernel)
+    if wid not in cluster.state.workload_index:
+        raise AgentError(f"pod {wid} is not a running workload on {(node.get('metadata') or {}).get('name')}")
+    return checkpoint_record(cluster.state, cluster.state.workload(wid))
 
 
 @dataclass
