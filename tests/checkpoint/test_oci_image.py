@@ -182,3 +182,25 @@ def test_the_verifier_accepts_only_images_of_its_registry_by_name(oci_registry, 
         image_verifier(Registry(oci_registry.url, name="registry.gpudefrag.test"),
                        load_key(tmp_path / "o.key", create=True))(ref)
     assert e.value.reason == WRONG_KEY
+
+
+def test_a_secret_volume_key_is_read_only_by_its_group(tmp_path: Path) -> None:
+    """A Kubernetes Secret volume under the pod's fsGroup is 0440 root:<fsGroup>: the controller accepts that
+    (group_read_ok) and nothing wider — never group write, never others, never without the flag."""
+    import os
+
+    from gpudefrag.checkpoint.protocol import INSECURE_KEY
+
+    p = tmp_path / "checkpoint.key"
+    load_key(p, create=True)
+    os.chown(p, -1, os.getegid())
+    os.chmod(p, 0o440)
+    with pytest.raises(CheckpointError) as e:
+        load_key(p)
+    assert e.value.reason == INSECURE_KEY
+    assert len(load_key(p, group_read_ok=True)) == 32
+    for mode in (0o460, 0o444, 0o442):
+        os.chmod(p, mode)
+        with pytest.raises(CheckpointError) as e:
+            load_key(p, group_read_ok=True)
+        assert e.value.reason == INSECURE_KEY
