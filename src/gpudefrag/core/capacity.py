@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -66,21 +67,41 @@ def model_allowed(models: Sequence[str], model: str | None) -> bool:
     return not models or model in models
 
 
+def room_fits(cpu_free: Any, mem_free: Any, shape: Shape) -> Any:
+    """The CPU and memory half of the fit: enough of both free, per node (arrays) or on one node (numbers,
+    e.g. what a node would have once some pods left it)."""
+    return (cpu_free >= shape.cpu_milli) & (mem_free >= shape.memory_mib)
+
+
+def gpus_fit(free: np.ndarray, shape: Shape) -> np.ndarray:
+    """The GPU half of the fit, per row (node): at least `num_gpu` GPUs with the share free (every row for a
+    shape without GPUs)."""
+    if shape.num_gpu == 0:
+        return np.ones(free.shape[0], dtype=bool)
+    return (free >= shape.gpu_milli).sum(axis=1) >= shape.num_gpu  # type: ignore[no-any-return]
+
+
 def fits(free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, shape: Shape) -> np.ndarray:
     """Per row (node) of the arrays: CPU and memory free, and at least `num_gpu` GPUs with the share free.
     The one fit test; GPU models and eligibility are the caller's masks."""
-    ok = (cpu_free >= shape.cpu_milli) & (mem_free >= shape.memory_mib)
+    ok = room_fits(cpu_free, mem_free, shape)
     if shape.num_gpu > 0:
-        ok &= (free >= shape.gpu_milli).sum(axis=1) >= shape.num_gpu
-    return ok
+        ok &= gpus_fit(free, shape)
+    return ok  # type: ignore[no-any-return]
 
 
 def fits_one(row: Sequence[int], cpu_free: int, mem_free: int, shape: Shape) -> bool:
     """`fits` for one node's row given as plain numbers (the planner's subset enumerations call it thousands
     of times on rows they edit in Python)."""
-    if cpu_free < shape.cpu_milli or mem_free < shape.memory_mib:
+    if not room_fits(cpu_free, mem_free, shape):
         return False
     return shape.num_gpu == 0 or sum(1 for x in row if x >= shape.gpu_milli) >= shape.num_gpu
+
+
+def fits_at(row: np.ndarray, gpus: Sequence[int], cpu_free: int, mem_free: int, shape: Shape) -> bool:
+    """Does the shape fit on these GPUs of one node (their share free, and the node's CPU and memory)?"""
+    return all(0 <= g < row.shape[0] and row[g] >= shape.gpu_milli for g in gpus) and bool(
+        room_fits(cpu_free, mem_free, shape))
 
 
 def pick_gpus(row: np.ndarray, shape: Shape, how: str = "best",
@@ -141,6 +162,14 @@ class Capacity:
 
     def fits_on(self, node: int, shape: Shape) -> bool:
         return fits_one(self.free[node].tolist(), int(self.cpu_free[node]), int(self.mem_free[node]), shape)
+
+    def fits_at(self, node: int, gpus: Sequence[int], shape: Shape) -> bool:
+        """Whether the shape fits on these GPUs of `node` now (see `fits_at`)."""
+        return fits_at(self.free[node], gpus, int(self.cpu_free[node]), int(self.mem_free[node]), shape)
+
+    def room_on(self, node: int, shape: Shape) -> bool:
+        """Whether `node` has the shape's CPU and memory free now."""
+        return bool(room_fits(self.cpu_free[node], self.mem_free[node], shape))
 
     def pick(self, node: int, shape: Shape, how: str = "best",
              rng: np.random.Generator | None = None) -> tuple[int, ...] | None:

@@ -20,6 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .capacity import Shape, gpus_fit
 from .fragmentation import (
     capacity_fits,
     eligible_mask,
@@ -472,7 +473,7 @@ def _mig_mixed(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
 def _gpu_only(f: Facts) -> bool:
     """The GPUs fit on enough eligible nodes (CPU and memory aside)."""
     r = f.r
-    gpu_ok = f.eligible & (((f.state.free_milli >= r.gpu_milli).sum(axis=1)) >= r.gpus_per_node)
+    gpu_ok = f.eligible & gpus_fit(f.state.free_milli, Shape.of(r))
     return r.gpus_per_node > 0 and int(gpu_ok.sum()) >= r.node_count
 
 

@@ -1,11 +1,12 @@
 """An in-memory engine with Slurm's job semantics and a simulated job wrapper, for tests and fault schedules.
 
 It behaves like the Slurm lab where it matters to the executor: `requeue_hold` stops a job, which stays
-COMPLETING for `requeue_delay_s` and then waits HELD; a released job starts at the next `advance()` on a
-schedulable node allowed by its pin, lowest free GPU indices first. Each running job has a process with a step
-counter; the simulated wrapper answers checkpoint requests (a move's checkpoint stops the process) and, when the
-job starts again, restores its ticket's checkpoint or cold-starts with a reason. Faults are injected per
-workload (`checkpoint-fail`, `store-full`, `corrupt`, `restore-fail`) or by draining nodes. Processes are
+COMPLETING for `requeue_delay_s` and then waits HELD; a released job starts at the next `advance()` on the
+first node allowed by its pin where the one capacity model says it fits (GPU model, GPUs or share, CPU,
+memory). Each running job has a process with a step counter; the simulated wrapper answers checkpoint requests
+(a move's checkpoint stops the process) and, when the job starts again, restores its ticket's checkpoint or
+cold-starts with a reason. Faults are injected per workload (`checkpoint-fail`, `store-full`, `corrupt`,
+`restore-fail`) or by draining nodes. Processes are
 counted globally, so a workload running twice is visible, not assumed away.
 """
 
@@ -14,6 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from ..core.capacity import Capacity, Shape
+from ..core.fragmentation import eligible_mask
 from ..core.model import ClusterState, Placement, Workload, WorkloadState
 from ..core.scheduler_reasons import waits_for_resources
 from ..jobside.messages import CkptState, CkptStatus, RunPhase, RunStatus, Ticket
@@ -266,32 +271,35 @@ class SimEngine:
                 j.status = RunStatus(RunPhase.CHECKPOINTED, j.nodes[0], ckpt_id=cid, at=self.now)
             j.responses[rid] = CkptStatus(CkptState.OK, cid)
 
-    def _free_gpus(self) -> dict[str, list[int]]:
-        used: dict[str, set[int]] = {n: set() for n in self.nodes}
-        for j in self.jobs.values():
-            if j.phase in (JobPhase.RUNNING, JobPhase.COMPLETING) and j.nodes:
-                for p in j.parts or (Placement(j.nodes[0], j.gpus),):
-                    used[p.node].update(p.gpus)
-        return {n: [g for g in range(self.nodes[n].gpu_count) if g not in used[n]] for n in self.node_order}
-
     def _schedule(self) -> None:
-        free = self._free_gpus()
+        """Start what fits, oldest first, through the one capacity model (`core.capacity`): a node the request
+        may use (`fragmentation.eligible_mask`: schedulable, GPU model, selector, taints, partition) where its
+        GPUs or share, CPU and memory are free (`Capacity.fits`), the first such node in the cluster's order
+        that its pin allows; its GPUs are the ones `Capacity.pick` gives (lowest wholly free indices; a share
+        goes to the fullest GPU it fits)."""
         # like the real scheduler: a job its own reason holds back (a QOS limit, a dependency) does not start,
         # and this simple scheduler starts single-node jobs only
         pending = [j for j in self.jobs.values() if j.phase is JobPhase.PENDING and j.workload.request.node_count == 1
                    and waits_for_resources(j.workload.scheduler_reason, self.scheduler)
                    and not self._over_quota(j.workload)]
+        if not pending:
+            return
         pending.sort(key=lambda j: (j.workload.submitted_at or 0.0, j.workload.id))
+        state = self.observe()
+        cap = Capacity.of_state(state)
         for j in pending:
-            k = j.workload.request.gpus_per_node
-            for n in self.node_order:
-                if n in self.drained or (j.required and n not in j.required) or n in j.excluded:
+            r = j.workload.request
+            shape = Shape.of(r)
+            for i in np.flatnonzero(eligible_mask(state, r) & cap.fits(shape)):
+                n = state.nodes[int(i)].name
+                if (j.required and n not in j.required) or n in j.excluded:
                     continue
-                if len(free[n]) >= k:
-                    gpus = tuple(free[n][:k])
-                    free[n] = free[n][k:]
-                    self._start(j, n, gpus)
-                    break
+                gpus = cap.pick(int(i), shape)
+                if gpus is None:
+                    continue
+                cap.take(int(i), gpus, shape)
+                self._start(j, n, gpus)
+                break
 
     def _over_quota(self, w: Workload) -> bool:
         q = next((q for q in self.quotas if q.namespace == w.namespace), None)

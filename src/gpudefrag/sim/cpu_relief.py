@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.capacity import gpus_fit, room_fits
 from ..core.placement import Choice, Pod, gpus_for
 from .costs import checkpoint_bytes
 from .replay import gpu_shape
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 def slot_nodes(s: Search, pod: Pod, limit: int) -> list[int]:
     """Nodes where the pod's GPUs fit now but its CPU or memory does not, smallest shortfall first."""
     cl = s.cl
-    ok = cl.model_mask(pod.gpu_models) & ((cl.free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu)
-    ok &= (cl.cpu_cap >= pod.cpu_milli) & ((cl.cpu_free < pod.cpu_milli) | (cl.mem_free < pod.memory_mib))
+    ok = cl.model_mask(pod.gpu_models) & gpus_fit(cl.free, pod)
+    ok &= (cl.cpu_cap >= pod.cpu_milli) & ~room_fits(cl.cpu_free, cl.mem_free, pod)
     nodes = np.flatnonzero(ok)
     short = np.maximum(pod.cpu_milli - cl.cpu_free[nodes], 0)
     return [int(n) for n in nodes[np.argsort(short, kind="stable")][:limit]]
@@ -182,12 +183,12 @@ def _best_action(s: Search, pid: int, q: Pod, ch: Choice, n: int, need_cpu: int,
     if q.cpu_milli <= 0 and q.memory_mib <= 0:
         return None
     # a plain move: CPU-only anywhere with room; a GPU pod to a slot of its shape
-    ok = (cl.cpu_free >= q.cpu_milli) & (cl.mem_free >= q.memory_mib)
+    ok = cl.fits(q)
     ok[n] = False
     if avoid:
         ok[list(avoid)] = False
     if q.num_gpu > 0:
-        ok &= cl.model_mask(q.gpu_models) & ((cl.free >= q.gpu_milli).sum(axis=1) >= q.num_gpu)
+        ok &= cl.model_mask(q.gpu_models)
     dest = np.flatnonzero(ok)
     if len(dest):
         d = int(_dest_order(cl, dest)[0])

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.capacity import room_fits
 from ..core.cost import CostModel
 from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod, Policy
@@ -96,7 +97,7 @@ class ArrayDefragmenter:
         node_cost = np.take_along_axis(cost_g, sel, axis=1).sum(axis=1)
         node_milli = np.take_along_axis(np.where(cost_g > 0, used, 0), sel, axis=1).sum(axis=1)
         # a node short of CPU or memory needs at least one more pod moved off (CPU-only pods first)
-        short = (cl.cpu_free < pod.cpu_milli) | (cl.mem_free < pod.memory_mib)
+        short = ~room_fits(cl.cpu_free, cl.mem_free, pod)
         node_cost = node_cost + short
         ok = cl.model_mask(pod.gpu_models) & (cl.gpu_count >= k) & (node_cost <= limit) & (node_cost > 0)
         ok &= (cl.cpu_cap >= pod.cpu_milli)
@@ -113,12 +114,12 @@ class ArrayDefragmenter:
         victims, gpus = self._gpu_victims(cl, pod, placed, n)
         cpu = cl.cpu_free[n] + sum(placed.pods[v][0].cpu_milli for v in victims)
         mem = cl.mem_free[n] + sum(placed.pods[v][0].memory_mib for v in victims)
-        if cpu < pod.cpu_milli or mem < pod.memory_mib:
+        if not room_fits(cpu, mem, pod):
             taken = set(victims)
             rest = [i for i in placed.on(n) if i not in taken]
             rest.sort(key=lambda i: (placed.pods[i][0].num_gpu > 0, -placed.pods[i][0].cpu_milli))
             for i in rest:
-                if cpu >= pod.cpu_milli and mem >= pod.memory_mib:
+                if room_fits(cpu, mem, pod):
                     break
                 p = placed.pods[i][0]
                 victims.append(i)
@@ -161,7 +162,7 @@ class ArrayDefragmenter:
             return None
         cpu = cl.cpu_free[n] + sum(placed.pods[v][0].cpu_milli for v in victims)
         mem = cl.mem_free[n] + sum(placed.pods[v][0].memory_mib for v in victims)
-        if cpu < pod.cpu_milli or mem < pod.memory_mib:
+        if not room_fits(cpu, mem, pod):
             return None
         old = {v: placed.pods[v] for v in victims}
         cl.mark()  # one statement of the capacity model: everything below is rolled back unless committed

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.capacity import room_fits
 from ..core.cost import CostModel
 from ..core.model import MILLI
 from ..core.placement import Choice, Cluster, Pod, Policy
@@ -206,7 +207,7 @@ class ChainRepacker:
         node_cost = np.take_along_axis(cost, sel, axis=1).sum(axis=1)
         node_used = np.take_along_axis(np.where(cost > 0, used, 0), sel, axis=1).sum(axis=1)
         short = np.maximum(pod.cpu_milli - cl.cpu_free, 0)
-        node_cost = node_cost + ((short > 0) | (cl.mem_free < pod.memory_mib))
+        node_cost = node_cost + ~room_fits(cl.cpu_free, cl.mem_free, pod)
         nodes = np.flatnonzero(ok_node & (node_cost < BIG) & (node_cost <= s.limit) & (node_cost > 0))
         order = np.lexsort((node_used[nodes], short[nodes], node_cost[nodes]))
         return [(int(n), tuple(sorted(int(g) for g in sel[n]))) for n in nodes[order][: self.targets]]
@@ -295,17 +296,17 @@ class ChainRepacker:
             return None
         # CPU or memory short: eject other pods of the node: CPU-only pods, then sharing pods, then whole-GPU pods
         # of its other GPUs (the most CPU first within each kind); they are re-placed like the victims
-        if cl.cpu_free[n] < pod.cpu_milli or cl.mem_free[n] < pod.memory_mib:
+        if not cl.room_on(n, pod):
             mine = set(gpus)
             others = [i for i in s.placed.on(n) if i not in s.limbo and self._movable(s, i)
                       and not set(s.placed.pods[i][1].gpus) & mine]
             others.sort(key=lambda i: (_kind(s.placed.pods[i][0]), -s.placed.pods[i][0].cpu_milli))
             for p in others:
-                if cl.cpu_free[n] >= pod.cpu_milli and cl.mem_free[n] >= pod.memory_mib:
+                if cl.room_on(n, pod):
                     break
                 s.eject(p)
                 victims.append(p)
-            if cl.cpu_free[n] < pod.cpu_milli or cl.mem_free[n] < pod.memory_mib:
+            if not cl.room_on(n, pod):
                 return None
         ch = Choice(n, gpus)
         s.put_new(pod, ch)
@@ -328,7 +329,7 @@ class ChainRepacker:
         cl = s.cl
         ok_node = cl.model_mask(pod.gpu_models)
         if not self.swaps:
-            ok_node = ok_node & (cl.cpu_free >= pod.cpu_milli) & (cl.mem_free >= pod.memory_mib)
+            ok_node = ok_node & room_fits(cl.cpu_free, cl.mem_free, pod)
         tried = 0
         for n, g, pick in self._ejectable(s, pod, ok_node, pod.gpu_milli):
             if pick and all(p in s.orig and s.placed.pods[p][1] != s.orig[p] for p in pick):
@@ -336,8 +337,7 @@ class ChainRepacker:
             m = s.mark()
             for p in pick:
                 s.eject(p)
-            if (cl.free[n, g] >= pod.gpu_milli and cl.cpu_free[n] >= pod.cpu_milli
-                    and cl.mem_free[n] >= pod.memory_mib):
+            if cl.fits_at(n, (g,), pod):
                 s.put(pid, Choice(n, (g,)))
                 pick.sort(key=lambda i: -s.placed.pods[i][0].gpu_milli)
                 if all(self._insert(s, p, depth - 1) for p in pick):
