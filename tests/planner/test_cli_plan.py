@@ -71,6 +71,8 @@ def test_all_pending(demo_file, cli):
     assert code == 0
     plans = json.loads(out)["plans"]
     assert [p["workload"] for p in plans] == ["pretrain-8gpu"]
+    decisions = json.loads(out)["decisions"]  # with the priced alternatives, as `plan --job` shows them
+    assert [d["workload"] for d in decisions] == ["pretrain-8gpu"] and decisions[0]["options"]
 
 
 @pytest.mark.parametrize("argv", [

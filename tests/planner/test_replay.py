@@ -82,3 +82,35 @@ def test_plan_json_is_complete(state):
     assert m["evict"]["kind"] == "evict" and m["drain"]["kind"] == "drain"
     assert d["total_gpu_s"] == pytest.approx(sum(x["cost"]["gpu_s"] for x in d["moves"]))
     assert dataclasses.asdict(plan.moves[0].cost)  # plain dataclass, serialisable
+
+
+def test_decide_pending_plans_each_job_once_and_prices_it(pb, monkeypatch):
+    """`plan --all-pending`'s batch entry: one diagnosis and one plan per job (not a `decide` to find the blocked
+    ones and a second plan), the same plans as planning in turn, and each with its priced alternatives."""
+    import gpudefrag.core.planner as planner
+    from gpudefrag.core.decision import MOVE, decide_pending
+
+    state = pb.build(
+        [pb.node("a"), pb.node("b"), pb.node("c"), pb.node("d")],
+        [pb.job("a1", 2, "a", gib=1), pb.job("b1", 2, "b", gib=1), pb.job("c1", 4, "c", gib=90),
+         pb.job("d1", 4, "d", gib=90), pb.job("p1", 8, submitted_at=1.0), pb.job("p2", 8, submitted_at=2.0),
+         pb.job("held", 8, submitted_at=3.0, scheduler_reason="JobHeldUser")],
+    )
+    calls: list[str] = []
+    real = planner.plan_moves
+
+    def counted(st, request, options):  # type: ignore[no-untyped-def]
+        calls.append(request.label())
+        return real(st, request, options)
+
+    monkeypatch.setattr(planner, "plan_moves", counted)
+    ds = decide_pending(state, PlanOptions())
+    assert [d.workload_id for d in ds] == ["p1", "p2", "held"]
+    assert len(calls) == 2  # the held job is diagnosed, not planned; the others once each
+    assert ds[2].blocked and ds[2].plan is None
+    monkeypatch.setattr(planner, "plan_moves", real)
+    assert [d.plan for d in ds[:2]] == plan_all_pending(state.with_workloads(
+        [w for w in state.workloads if w.id != "held"]), PlanOptions())
+    for d in ds[:2]:
+        assert d.feasible and d.options and d.options[0].kind == MOVE and any(o.cheapest for o in d.options)
+        assert {o.kind for o in d.options} >= {MOVE, "evict"}

@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..core.compat import VersionMatch
-from ..core.decision import MOVE, Decision, decide
+from ..core.decision import MOVE, Decision, decide, decide_pending
 from ..core.model import MILLI, ClusterState, Request, Workload
-from ..core.planner import Plan, PlanOptions, placements_state, plan_all_pending
+from ..core.planner import Plan, PlanOptions, placements_state
 from ..policy.options import load_inputs, plan_options
 from ..render import gpu_map, legend, workload_tags
 from ..snapshot import load_snapshot
@@ -134,29 +134,21 @@ def plan(
 
 def _plan_all(state: ClusterState, file: Path, opts: PlanOptions, k: int | None, plan_anyway: bool, explain: bool,
               json_out: bool) -> None:
-    """Plans for the K oldest pending jobs together; jobs an ordinary cause blocks are reported, not planned
-    (unless --plan-anyway), and no room is reserved for them."""
-    pending = [w for w in state.pending if w.request.gpus_per_node > 0]
-    if k is not None:
-        pending = pending[:k]
-    if not pending:
+    """Decisions for the K oldest pending jobs together (`decision.decide_pending`): jobs an ordinary cause
+    blocks are reported, not planned (unless --plan-anyway), and no room is reserved for them; each plan is
+    shown with its priced alternatives."""
+    decisions = decide_pending(state, opts, k=k, plan_anyway=plan_anyway)
+    if not decisions:
         raise fail(f"{file}: no pending GPU workload", 1)
-    blocked = [] if plan_anyway else [d for d in (decide(state, w, opts, plan_anyway=False) for w in pending)
-                                      if d.blocked]
-    skip = {d.workload_id for d in blocked}
-    planned = state.with_workloads([w for w in state.workloads if w.id not in skip])
-    plans = plan_all_pending(planned, opts, len([w for w in pending if w.id not in skip]))
     if json_out:
-        emit_json({"file": str(file), "plans": [p.as_dict() for p in plans],
-                   "blocked": [d.as_dict() for d in blocked]})
+        emit_json({"file": str(file), "decisions": [d.as_dict() for d in decisions],
+                   "plans": [d.plan.as_dict() for d in decisions if d.plan is not None],
+                   "blocked": [d.as_dict() for d in decisions if d.blocked]})
     else:
-        for d in blocked:
+        for d in decisions:
             console.rule(f"[bold]{escape(d.workload_id or 'request')}[/]")
             print_decision(state, d, explain=explain, maps=False)
-        for p in plans:
-            console.rule(f"[bold]{escape(p.workload_id or 'request')}[/]")
-            print_plan(state, p, explain=explain, maps=False)
-    if blocked or not all(p.feasible for p in plans):
+    if not all(d.feasible for d in decisions):
         raise typer.Exit(1)
 
 

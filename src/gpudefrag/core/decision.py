@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .cost import AltCost, CostModel, alternatives, gpu_equivalents
 from .diagnose import Cause, Diagnosis, diagnose, diagnose_all, diagnose_request
 from .model import ClusterState, Request, Workload
-from .planner import Plan, PlanOptions, plan_moves
+from .planner import Plan, PlanOptions, plan_moves, plans_in_turn
 
 MOVE = "move"
 
@@ -150,6 +150,12 @@ def _planned(state: ClusterState, target: Workload | Request, request: Request, 
         plan = plan_moves(state, request, opts)
     if isinstance(target, Workload):
         plan = dataclasses.replace(plan, workload_id=target.id)
+    return _priced_decision(state, request, plan, opts, diagnosis)
+
+
+def _priced_decision(state: ClusterState, request: Request, plan: Plan, opts: PlanOptions,
+                     diagnosis: Diagnosis) -> Decision:
+    """The decision for a plan made on `state`: its moves priced against evicting, draining and waiting."""
     planned_anyway = bool(diagnosis.blocking)
     if not plan.feasible:
         excluded = exclusions(state, opts)
@@ -199,6 +205,26 @@ def decide_all(state: ClusterState, ids: Iterable[str] | None = None, options: P
         assert d.workload_id is not None
         out.append(decide(state, state.workload(d.workload_id), options, plan_anyway=plan_anyway, diagnosis=d))
     return out
+
+
+def decide_pending(state: ClusterState, options: PlanOptions | None = None, *, k: int | None = None,
+                   plan_anyway: bool = False) -> list[Decision]:
+    """Decisions for the k oldest pending GPU workloads together (all when k is None), oldest first: each
+    diagnosed once; those an ordinary cause blocks are not planned (unless `plan_anyway`) and get no room; the
+    others are planned in turn (`planner.plans_in_turn`: each on the state the earlier plans leave, no
+    workload moved twice), and each plan is priced against its alternatives as `decide` prices one."""
+    opts = options or PlanOptions()
+    diagnoses = [d for d in diagnose_all(state) if d.request.gpus_per_node > 0]
+    if k is not None:
+        diagnoses = diagnoses[:k]
+    by_id = {d.workload_id: d for d in diagnoses}
+    out: dict[str | None, Decision] = {d.workload_id: Decision(d, None) for d in diagnoses
+                                       if not should_plan(d, plan_anyway)}
+    todo = [state.workload(str(d.workload_id)) for d in diagnoses if d.workload_id not in out]
+    for before, plan in plans_in_turn(state, todo, opts):
+        d = by_id[plan.workload_id]
+        out[d.workload_id] = _priced_decision(before, d.request, plan, opts, d)
+    return [out[d.workload_id] for d in diagnoses]
 
 
 def gpu_equivalents_of(r: Request) -> float:

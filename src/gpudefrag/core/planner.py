@@ -11,7 +11,7 @@ Pure: no clocks, no I/O.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -35,6 +35,7 @@ __all__ = [
     "plan_all_pending",
     "plan_for",
     "plan_moves",
+    "plans_in_turn",
     "replay",
     "with_reservation",
 ]
@@ -87,9 +88,9 @@ def _replay(state: ClusterState, moves: Iterable[Move]) -> tuple[dict[str, Workl
             raise MoveError(f"{where}: needs {r.gpus_per_node} distinct GPUs, got {list(gpus)}")
         cap.give(s, w.placements[0].gpus, shape)
         for g in gpus:
-            if not 0 <= g < cap.free.shape[1] or cap.free[t, g] < r.gpu_milli:
+            if not cap.fits_at(t, (g,), Shape(1, r.gpu_milli)):
                 raise MoveError(f"{where}: GPU {g} of {m.target} has no room for {r.gpu_milli} milli")
-        if cap.cpu_free[t] < r.cpu_milli or cap.mem_free[t] < r.memory_mib:
+        if not cap.room_on(t, shape):
             raise MoveError(f"{where}: {m.target} has not enough CPU or memory")
         cap.take(t, gpus, shape)
         current[w.id] = dataclasses.replace(w, placements=(Placement(m.target, gpus),))
@@ -241,15 +242,12 @@ def _exact_size(p: Problem, parts: list[Part]) -> int:
     return size if len(parts) == 1 else 30 * size
 
 
-def plan_all_pending(state: ClusterState, options: PlanOptions | None = None, k: int | None = None) -> list[Plan]:
-    """Plans for the k oldest pending requests (all when k is None), each on the state the previous ones leave
-    (their moves made and their requests placed), so no workload moves twice and the moves of all plans
-    together leave room for every feasible request at once. `max_moves` bounds each plan."""
+def plans_in_turn(state: ClusterState, pending: Iterable[Workload],
+                  options: PlanOptions | None = None) -> Iterator[tuple[ClusterState, Plan]]:
+    """A plan for each workload in turn, each on the state the previous ones leave (their moves made and their
+    requests placed), so no workload moves twice and the moves of all plans together leave room for every
+    feasible request at once. Yields (the state the plan was made on, the plan); `max_moves` bounds each."""
     opts = options or PlanOptions()
-    pending = [w for w in state.pending if w.request.gpus_per_node > 0]
-    if k is not None:
-        pending = pending[:k]
-    plans: list[Plan] = []
     moved: set[str] = set()
     current = state
     base_filter = opts.movable
@@ -261,12 +259,18 @@ def plan_all_pending(state: ClusterState, options: PlanOptions | None = None, k:
 
         plan = plan_moves(current, w.request, dataclasses.replace(opts, movable=movable))
         plan = dataclasses.replace(plan, workload_id=w.id)
-        plans.append(plan)
+        yield current, plan
         if plan.feasible:
             current = apply_moves(current, plan.moves)
             moved.update(m.workload_id for m in plan.moves)
             current = with_reservation(current, f"reserved:{w.id}", w.request, plan.placements)
-    return plans
+
+
+def plan_all_pending(state: ClusterState, options: PlanOptions | None = None, k: int | None = None) -> list[Plan]:
+    """Plans for the k oldest pending GPU requests (all when k is None), in turn (`plans_in_turn`): the plans
+    alone, without the diagnosis or the priced alternatives (`decision.decide_pending` adds both)."""
+    pending = [w for w in state.pending if w.request.gpus_per_node > 0]
+    return [p for _, p in plans_in_turn(state, pending[:k] if k is not None else pending, options)]
 
 
 def placements_state(state: ClusterState, plan: Plan, rid: str = "request") -> ClusterState:
