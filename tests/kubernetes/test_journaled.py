@@ -9,7 +9,7 @@ import pytest
 
 from gpudefrag.control.journal import Journal, MigrationState
 from gpudefrag.control.kube_journaled import JournaledMoves
-from gpudefrag.engines.kubernetes import Executor, InMemoryApi, KubeCluster, SimpleMove, build_move
+from gpudefrag.engines.kubernetes import InMemoryApi, KubeCluster, SequenceRunner, SimpleMove, build_move
 from gpudefrag.engines.kubernetes.moves import Op
 
 BARE = SimpleMove("ml/notebook-ana", "gpu-node-1", "gpu-node-3")
@@ -20,8 +20,8 @@ class Crash(BaseException):
     """The controller dies (not an error the executor handles)."""
 
 
-def _executor(api: InMemoryApi) -> Executor:
-    return Executor(api, verify_image=api.verify_image, sleep=lambda s: None)
+def _executor(api: InMemoryApi) -> SequenceRunner:
+    return SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: None)
 
 
 def test_every_operation_is_journaled_before_it_is_taken(frag_cluster: KubeCluster, tmp_path: Path) -> None:

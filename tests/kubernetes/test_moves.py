@@ -10,11 +10,11 @@ import pytest
 
 from gpudefrag.core.compat import CompatRule, VersionMatch
 from gpudefrag.engines.kubernetes import (
-    Executor,
     InMemoryApi,
     KubeCluster,
     MoveOptions,
     OpKind,
+    SequenceRunner,
     SimpleMove,
     build_move,
     build_moves,
@@ -32,7 +32,7 @@ def run(cluster: KubeCluster, move: SimpleMove, *, fail: frozenset[str] = frozen
     assert seq.ok, seq.refused
     api = InMemoryApi(cluster, fail=fail, ready_after=ready_after)
     clock = [0.0]
-    ex = Executor(api, verify_image=api.verify_image, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+    ex = SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
                   clock=lambda: clock[0])
     return seq, api, ex.run(seq, cluster.state.workload(move.workload_id).versions)
 
@@ -162,7 +162,7 @@ def test_target_changed_since_planning_stops_at_verify(frag_cluster: KubeCluster
     seq = build_move(frag_cluster, BARE)
     api = InMemoryApi(frag_cluster)
     api.nodes["gpu-node-3"]["metadata"]["labels"]["nvidia.com/cuda.driver-version.full"] = "560.28.03"
-    res = Executor(api, verify_image=api.verify_image, sleep=lambda s: None).run(
+    res = SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: None).run(
         seq, frag_cluster.state.workload(BARE.workload_id).versions)
     assert not res.ok and res.error.startswith("verify-target") and "driver" in res.error
     assert all(v == "GET" for v, _ in api.calls)
@@ -181,7 +181,7 @@ def test_app_hook_sequence(frag_cluster: KubeCluster) -> None:
 def test_missing_verifier_fails_safely(frag_cluster: KubeCluster) -> None:
     seq = build_move(frag_cluster, BARE)
     api = InMemoryApi(frag_cluster)
-    res = Executor(api, sleep=lambda s: None).run(seq)
+    res = SequenceRunner(api, sleep=lambda s: None).run(seq)
     assert not res.ok and "verifier" in res.error and res.rolled_back
     assert ("POST", "/api/v1/namespaces/ml/pods") not in api.calls and ("ml", "notebook-ana") in api.pods
     # the agent request is withdrawn
@@ -212,7 +212,7 @@ def test_incompatible_image_goes_the_policy_way(frag_cluster: KubeCluster, polic
     target check before the checkpoint passed (it ran on the planned labels); the image's own record decides."""
     seq = build_move(frag_cluster, BARE, MoveOptions(on_incompatible=policy))
     api = InMemoryApi(frag_cluster)
-    ex = Executor(api, verify_image=api.verify_image, sleep=lambda s: None)
+    ex = SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: None)
     real = api.verify_image
     api.verify_image = lambda ref: dataclasses.replace(real(ref), driver="999.1.1")  # type: ignore[method-assign]
     ex.verify_image = api.verify_image
@@ -245,7 +245,7 @@ def test_target_without_room_now_stops_at_verify(frag_cluster: KubeCluster) -> N
     api = InMemoryApi(frag_cluster)
     intruder = dict(api.pods[("ml", "batch-infer-2")], metadata={"name": "intruder", "namespace": "ml"})
     api.pods[("ml", "intruder")] = intruder  # 2 more GPUs on gpu-node-3: 1 left
-    res = Executor(api, verify_image=api.verify_image, sleep=lambda s: None).run(seq)
+    res = SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: None).run(seq)
     assert not res.ok and "1 free GPU(s) now; the pod needs 2" in res.error
     assert all(v == "GET" for v, _ in api.calls)
 
@@ -306,7 +306,7 @@ def test_original_changed_since_planning_stops_at_verify(frag_cluster: KubeClust
         pod["spec"]["nodeName"] = "gpu-node-2"
     else:
         del api.pods[("ml", "notebook-ana")]
-    res = Executor(api, verify_image=api.verify_image, sleep=lambda s: None).run(seq)
+    res = SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: None).run(seq)
     assert not res.ok and res.error.startswith("verify-target") and "notebook-ana" in res.error, res.error
     assert all(v == "GET" for v, _ in api.calls)
 
@@ -320,7 +320,7 @@ def test_eviction_names_the_planned_uid(frag_cluster: KubeCluster) -> None:
     assert uid and evict.body["deleteOptions"] == {"preconditions": {"uid": uid}}  # type: ignore[index]
     api = InMemoryApi(frag_cluster)
     api.pods[("ml", "notebook-ana")]["metadata"]["uid"] = "uid-of-a-namesake"
-    res = Executor(api, verify_image=api.verify_image, sleep=lambda s: None).run(
+    res = SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: None).run(
         dataclasses.replace(seq, ops=tuple(o for o in seq.ops if o.kind is not K.VERIFY_TARGET)))
     assert not res.ok and res.error.startswith("evict-original") and res.rolled_back, res.error
     assert ("ml", "notebook-ana") in api.pods
@@ -344,7 +344,7 @@ def test_replacement_ready_on_a_node_that_is_not_never_commits(frag_cluster: Kub
                 if c["type"] == "Ready":
                     c["status"] = "False"
 
-    ex = Executor(api, verify_image=api.verify_image, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+    ex = SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
                   clock=lambda: clock[0], before=before)
     res = ex.run(seq, frag_cluster.state.workload(BARE.workload_id).versions)
     assert not res.ok and not res.committed and res.rolled_back, res.as_dict()

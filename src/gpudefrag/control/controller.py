@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.cost import CostModel
-from ..core.decision import MOVE, decide
-from ..core.decision import Decision as Choice
+from ..core.decision import MOVE, Decision, decide
 from ..core.model import ClusterState, Workload
 from ..core.planner import Plan, PlanOptions
 from ..engines.base import Engine
@@ -30,7 +29,10 @@ from .plans import MADE, OpenPlan, PlannedMove, new_plan_id, open_plans, outcome
 
 
 @dataclass
-class Decision:
+class CycleEvent:
+    """One thing a cycle did, or chose not to do, and why (a row of its report). Not `core.decision.Decision`,
+    the decision for one pending job, which a cycle's `plan`/`skip`/`alternative` events report on."""
+
     # trigger | skip | plan | submit | defer | dry-run | error | progress | alternative, and for a started plan
     # (gpudefrag.control.plans): plan-started | plan-waiting | plan-finished | plan-stopped | plan-not-started
     kind: str
@@ -47,7 +49,7 @@ class CycleReport:
     nodes: int
     running: int
     pending: int
-    decisions: list[Decision]
+    decisions: list[CycleEvent]
     plans: list[Plan]
     in_flight: int
     duration_s: float
@@ -104,55 +106,55 @@ class Controller:
         """One cycle. `plan_new=False` only advances what is started (migrations in flight, started plans):
         what `controller --once` runs after its one cycle until the plan it started is finished or stopped."""
         t0 = time.perf_counter()
-        decisions: list[Decision] = []
+        decisions: list[CycleEvent] = []
         plans: list[Plan] = []
         if self.executor is not None and not self.dry_run:
             for m in self.executor.tick():
-                decisions.append(Decision("progress", f"migration {m.id} of {m.workload_id}: {m.state.value}",
+                decisions.append(CycleEvent("progress", f"migration {m.id} of {m.workload_id}: {m.state.value}",
                                           {"migration": m.id, "state": m.state.value, "why": m.reason}))
         state = self.observe()
         now = self.clock()
         self._carry(state, decisions)
         targets = self.triggers(state, now, decisions) if plan_new else []
         if targets and self.policy.action.kind == "never":
-            decisions.append(Decision("skip", "policy action is 'never': diagnosis and plans are reported only"))
+            decisions.append(CycleEvent("skip", "policy action is 'never': diagnosis and plans are reported only"))
         busy = self.executor.busy_workloads() if self.executor is not None else set()
         busy |= {m.workload_id for p in self.plans.values() for m in p.remaining()}
         planned_for = self._in_flight_for()
         for t in targets:
             if t.workload_id is not None and t.workload_id in planned_for:
-                decisions.append(Decision("skip", f"moves for {t.workload_id} are already in flight",
+                decisions.append(CycleEvent("skip", f"moves for {t.workload_id} are already in flight",
                                           {"workload": t.workload_id}))
                 continue
             since = now - self._finished.get(t.workload_id or "", -SETTLE_S)
             if t.workload_id is not None and since < SETTLE_S:
-                decisions.append(Decision("skip", f"the plan for {t.workload_id} finished {since:.0f} s ago: the "
+                decisions.append(CycleEvent("skip", f"the plan for {t.workload_id} finished {since:.0f} s ago: the "
                                           "scheduler has the freed node to place it; no new plan before "
                                           f"{SETTLE_S:g} s", {"workload": t.workload_id}))
                 continue
             choice = self.decide(state, t, busy)
             if choice.plan is None:
-                decisions.append(Decision("skip", f"{t.why}: {choice.reason}", {"workload": t.workload_id}))
+                decisions.append(CycleEvent("skip", f"{t.why}: {choice.reason}", {"workload": t.workload_id}))
                 continue
             plan = choice.plan
             plans.append(plan)
             if not plan.feasible:
-                decisions.append(Decision("plan", f"no plan for {t.why}: {plan.reason}",
+                decisions.append(CycleEvent("plan", f"no plan for {t.why}: {plan.reason}",
                                           {"workload": t.workload_id, "feasible": False}))
                 continue
             if choice.chosen not in (MOVE, "none"):
-                decisions.append(Decision("alternative", f"{t.why}: {choice.reason}; nothing moved",
+                decisions.append(CycleEvent("alternative", f"{t.why}: {choice.reason}; nothing moved",
                                           {"workload": t.workload_id, "chosen": choice.chosen,
                                            "options": [o.as_dict() for o in choice.options]}))
                 continue
             moves = [f"{m.workload_id} {m.source}->{m.target}" for m in plan.moves]
-            decisions.append(Decision("plan", f"{t.why}: {len(plan.moves)} move(s) free {plan.target_node} "
+            decisions.append(CycleEvent("plan", f"{t.why}: {len(plan.moves)} move(s) free {plan.target_node} "
                                       f"({plan.total_cost_s:.0f} s, {plan.solver})",
                                       {"workload": t.workload_id, "moves": moves, "target_node": plan.target_node}))
             if self.policy.action.kind == "never":
                 continue
             if self.dry_run:
-                decisions.append(Decision("dry-run", f"would move {', '.join(moves) or 'nothing'}",
+                decisions.append(CycleEvent("dry-run", f"would move {', '.join(moves) or 'nothing'}",
                                           {"workload": t.workload_id, "moves": moves}))
                 continue
             self._start(plan, t.workload_id, t.why, busy, decisions)
@@ -176,7 +178,7 @@ class Controller:
 
     # ------------------------------------------------------------------ started plans
     def _start(self, plan: Plan, for_workload: str | None, why: str, busy: set[str],
-               decisions: list[Decision]) -> None:
+               decisions: list[CycleEvent]) -> None:
         """Start a plan, or do not: a plan the hourly budget cannot finish is not started; otherwise its first
         moves are journaled (as many as the budget admits now, in the plan's order) and the rest carried."""
         assert self.executor is not None
@@ -185,7 +187,7 @@ class Controller:
         if cfg.max_per_hour is not None:
             left = cfg.max_per_hour - self.executor.journal.started_since(self.clock() - 3600)
             if len(moves) > left:
-                decisions.append(Decision("plan-not-started", f"plan for {for_workload or plan.target_node} not "
+                decisions.append(CycleEvent("plan-not-started", f"plan for {for_workload or plan.target_node} not "
                                           f"started: it needs {len(moves)} move(s) and the budget allows "
                                           f"{max(left, 0)} more this hour (max_per_hour {cfg.max_per_hour})",
                                           {"workload": for_workload}))
@@ -193,17 +195,17 @@ class Controller:
         op = OpenPlan(new_plan_id(), for_workload, plan.target_node, why, tuple(moves), self.inputs.compat.as_dict())
         admitted, why_not = self._submit(op, decisions)
         if not admitted:
-            decisions.append(Decision("plan-not-started", f"plan for {for_workload or plan.target_node} not "
+            decisions.append(CycleEvent("plan-not-started", f"plan for {for_workload or plan.target_node} not "
                                       f"started: {why_not}; planned again next cycle", {"workload": for_workload}))
             return
         busy |= set(op.migrations)
         self.plans[op.id] = op
         n, k = len(op.moves), len(op.migrations)
         rest = (f", {n - k} more in following cycles as the budget allows ({why_not})" if k < n else "")
-        decisions.append(Decision("plan-started", f"{op.name}: {k} of {n} move(s) started{rest}; it frees "
+        decisions.append(CycleEvent("plan-started", f"{op.name}: {k} of {n} move(s) started{rest}; it frees "
                                   f"{op.target_node}", {"workload": for_workload, "plan": op.id}))
 
-    def _submit(self, op: OpenPlan, decisions: list[Decision]) -> tuple[int, str]:
+    def _submit(self, op: OpenPlan, decisions: list[CycleEvent]) -> tuple[int, str]:
         """Journal the plan's next moves, in order, until the budget defers one. Returns how many were
         admitted and why the next one was not (\"\" when none is left)."""
         assert self.executor is not None
@@ -216,12 +218,12 @@ class Controller:
             m = adm.admitted[0]
             op.migrations[mv.workload_id] = m.id
             n += 1
-            decisions.append(Decision("submit", f"migration {m.id}: {m.workload_id} {m.source} -> {m.target} "
+            decisions.append(CycleEvent("submit", f"migration {m.id}: {m.workload_id} {m.source} -> {m.target} "
                                       f"({op.name}, move {op.moves.index(mv) + 1} of {len(op.moves)})",
                                       {"migration": m.id, "workload": m.workload_id, "plan": op.id}))
         return n, ""
 
-    def _carry(self, state: ClusterState, decisions: list[Decision]) -> None:
+    def _carry(self, state: ClusterState, decisions: list[CycleEvent]) -> None:
         """Take each started plan a step further: drop moves no longer needed, submit the next ones the
         budget admits, and say when a plan is finished or stopped."""
         if self.executor is None or self.dry_run:
@@ -247,14 +249,14 @@ class Controller:
                 del self.plans[pid]
                 if end[0] == "finished" and op.for_workload:
                     self._finished[op.for_workload] = self.clock()
-                decisions.append(Decision(f"plan-{end[0]}", end[1], {"workload": op.for_workload, "plan": pid}))
+                decisions.append(CycleEvent(f"plan-{end[0]}", end[1], {"workload": op.for_workload, "plan": pid}))
                 continue
             if not op.remaining():
                 continue
             _, why_not = self._submit(op, decisions)
             if why_not:
                 k = len(op.migrations) + len(op.dropped)
-                decisions.append(Decision("plan-waiting", f"{op.name}: {k} of {len(op.moves)} move(s) started; "
+                decisions.append(CycleEvent("plan-waiting", f"{op.name}: {k} of {len(op.moves)} move(s) started; "
                                           f"next {why_not}", {"workload": op.for_workload, "plan": pid}))
 
     def observe(self) -> ClusterState:
@@ -273,7 +275,7 @@ class Controller:
         return out
 
     # ------------------------------------------------------------------ triggers
-    def triggers(self, state: ClusterState, now: float, decisions: list[Decision]) -> list[Target]:
+    def triggers(self, state: ClusterState, now: float, decisions: list[CycleEvent]) -> list[Target]:
         """The policy's registered triggers (gpudefrag.policy.triggers), in order; their notes become decisions."""
         tr = self.policy.trigger
         requested = self._requested or self._consume_request_file()
@@ -285,7 +287,7 @@ class Controller:
                              plan_anyway=self.plan_anyway)
         targets = evaluate(ctx)
         self.next_due = pending_due(state, now, self.policy)
-        decisions.extend(Decision(kind, reason, detail) for kind, reason, detail in ctx.notes)
+        decisions.extend(CycleEvent(kind, reason, detail) for kind, reason, detail in ctx.notes)
         return targets
 
     def _consume_request_file(self) -> bool:
@@ -308,7 +310,7 @@ class Controller:
 
         return plan_options(self.inputs, exclude=exclude)
 
-    def decide(self, state: ClusterState, t: Target, busy: set[str]) -> Choice:
+    def decide(self, state: ClusterState, t: Target, busy: set[str]) -> Decision:
         """The one decision for a target. A pending workload is planned for only when fragmentation alone keeps
         it waiting; a cron / threshold / explicit request to free a whole node is planned for as asked."""
         opts = self.options(busy)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..core.compat import checkpoint_record
 from ..engines.kubernetes.engine import KubernetesEngine
-from ..engines.kubernetes.executor import Executor, ImageVerifier
+from ..engines.kubernetes.executor import ImageVerifier, SequenceRunner
 from ..engines.kubernetes.moves import MoveOptions, SimpleMove, build_move
 from .executor import BudgetedExecutor, ExecutorConfig, MoveLike
 from .journal import Journal, Migration, MigrationState
@@ -30,7 +30,7 @@ class KubeMoveExecutor(BudgetedExecutor):
         super().__init__(journal, config, clock=clock, log=log)
         self.engine = engine
         self.options = options or MoveOptions(ready_timeout_s=self.config.restore_timeout_s)
-        self.moves = JournaledMoves(Executor(engine.api, verify_image=verify_image, compat=self.options.compat,
+        self.moves = JournaledMoves(SequenceRunner(engine.api, verify_image=verify_image, compat=self.options.compat,
                                              sleep=sleep),
                                     journal)
         self._recovered = False

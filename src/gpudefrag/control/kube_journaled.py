@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engines.kubernetes.executor import Executor, MoveResult, StepResult
+from ..engines.kubernetes.executor import MoveResult, SequenceRunner, StepResult
 from ..engines.kubernetes.moves import MoveSequence, Op, OpKind
 from .journal import Journal, Migration, MigrationState
 
@@ -30,7 +30,7 @@ _KINDS = {k.value for k in OpKind}
 
 
 class JournaledMoves:
-    def __init__(self, executor: Executor, journal: Journal) -> None:
+    def __init__(self, executor: SequenceRunner, journal: Journal) -> None:
         self.executor = executor
         self.journal = journal
 

@@ -293,7 +293,7 @@ def gpus_for(cl: Cluster, node: int, pod: Pod, how: str, rng: np.random.Generato
     return got
 
 
-class Policy(Protocol):
+class PlacementPolicy(Protocol):
     name: str
 
     def choose(self, cl: Cluster, pod: Pod, rng: np.random.Generator) -> Choice | None: ...
@@ -459,7 +459,7 @@ class FgdPolicy:
         return Choice(int(cand_nodes[pick]), (int(gpus[pick]),))
 
 
-POLICIES: dict[str, Policy] = {
+POLICIES: dict[str, PlacementPolicy] = {
     p.name: p
     for p in (
         RandomPolicy(), DotProductPolicy(), GpuClusteringPolicy(), GpuPackingPolicy(), BestFitPolicy(),
@@ -469,7 +469,7 @@ POLICIES: dict[str, Policy] = {
 FGD_STUDY_POLICIES = ("random", "dotproduct", "gpuclustering", "gpupacking", "bestfit", "fgd")
 
 
-def get_policy(name: str) -> Policy:
+def get_policy(name: str) -> PlacementPolicy:
     try:
         return POLICIES[name]
     except KeyError:

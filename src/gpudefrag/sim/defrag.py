@@ -27,7 +27,7 @@ import numpy as np
 from ..core.capacity import room_fits
 from ..core.cost import CostModel
 from ..core.model import MILLI
-from ..core.placement import Choice, Cluster, Pod, Policy
+from ..core.placement import Choice, Cluster, PlacementPolicy, Pod
 from .costs import record_move
 from .replay import MoveStats, Placed
 
@@ -51,7 +51,7 @@ class ArrayDefragmenter:
             raise ValueError(f"unknown defrag action {self.action!r} (migrate | evict)")
 
     # ------------------------------------------------------------------------------------ entry point
-    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
+    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: PlacementPolicy, rng: np.random.Generator,
                stats: MoveStats) -> Choice | None:
         self.last_moved, self.last_evicted = [], []
         if pod.num_gpu == 0:
@@ -153,7 +153,7 @@ class ArrayDefragmenter:
         return sorted(vs, key=lambda i: -placed.pods[i][0].gpu_total), gpus
 
     # ------------------------------------------------------------------------------------ one try
-    def _attempt(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
+    def _attempt(self, cl: Cluster, pod: Pod, placed: Placed, policy: PlacementPolicy, rng: np.random.Generator,
                  stats: MoveStats, n: int, limit: int, *, commit: bool) -> Choice | None:
         victims, gpus = self._victims(cl, pod, placed, n)
         if not victims or len(victims) > limit:

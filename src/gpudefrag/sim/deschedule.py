@@ -33,7 +33,7 @@ import numpy as np
 
 from ..core.cost import CostModel
 from ..core.fragmentation import task_fragment
-from ..core.placement import Choice, Cluster, Pod, Policy
+from ..core.placement import Choice, Cluster, PlacementPolicy, Pod
 from .costs import checkpoint_bytes, move_seconds
 from .replay import MoveStats, Placed
 
@@ -85,7 +85,7 @@ class Descheduler:
         if not 0 <= self.ratio <= 1:
             raise ValueError(f"the deschedule ratio must be in 0..1, got {self.ratio}")
 
-    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
+    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: PlacementPolicy, rng: np.random.Generator,
                stats: MoveStats) -> Choice | None:
         if self.budget is None:
             self.budget = math.ceil(self.ratio * len(placed.pods))
@@ -98,7 +98,7 @@ class Descheduler:
             cl.place(pod, choice)
         return choice
 
-    def deschedule(self, cl: Cluster, placed: Placed, policy: Policy, rng: np.random.Generator,
+    def deschedule(self, cl: Cluster, placed: Placed, policy: PlacementPolicy, rng: np.random.Generator,
                    stats: MoveStats) -> int:
         """One pass: choose and evict the victims (within the budget left), then re-place them through
         `policy`; returns how many it evicted."""

@@ -51,7 +51,7 @@ import numpy as np
 from ..core.capacity import room_fits
 from ..core.cost import CostModel
 from ..core.model import MILLI
-from ..core.placement import Choice, Cluster, Pod, Policy
+from ..core.placement import Choice, Cluster, PlacementPolicy, Pod
 from .costs import GIB, record_move
 from .cpu_relief import relieve
 from .pool_repack import covered, pool_repack
@@ -98,7 +98,7 @@ class ChainRepacker:
     _gib_left: float = field(default=math.inf, repr=False)  # of gib_budget, when this rescue began
 
     # ------------------------------------------------------------------ entry point
-    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
+    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: PlacementPolicy, rng: np.random.Generator,
                stats: MoveStats) -> Choice | None:
         self.last_moved = []
         if pod.num_gpu == 0:

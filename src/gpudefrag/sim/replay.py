@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from ..core.model import MILLI
-from ..core.placement import Choice, Cluster, Pod, Policy, get_policy
+from ..core.placement import Choice, Cluster, PlacementPolicy, Pod, get_policy
 
 CURVE_MAX = 130  # percent of capacity: the study's x axis
 
@@ -85,7 +85,7 @@ class Defragmenter(Protocol):
     `stats`), then places the pod itself and returns where, or returns None with the cluster unchanged
     (an eviction may still have happened)."""
 
-    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: Policy, rng: np.random.Generator,
+    def rescue(self, cl: Cluster, pod: Pod, placed: Placed, policy: PlacementPolicy, rng: np.random.Generator,
                stats: MoveStats) -> Choice | None: ...
 
 
@@ -225,7 +225,7 @@ class ReplayResult:
 def replay(
     cluster: Cluster,
     workload: Sequence[Pod],
-    policy: Policy | str,
+    policy: PlacementPolicy | str,
     *,
     seed: int = 42,
     tune: float = 1.3,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.placement import Choice, Cluster, Pod, Policy
+from ..core.placement import Choice, Cluster, PlacementPolicy, Pod
 from .costs import GIB, checkpoint_bytes
 from .replay import Placed
 
@@ -40,7 +40,7 @@ class Search:
 
     cl: Cluster
     placed: Placed
-    policy: Policy
+    policy: PlacementPolicy
     rng: np.random.Generator
     limit: int
     limbo: set[int] = field(default_factory=set)  # ejected pods waiting for a place (still listed in `placed`)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpudefrag.engines.kubernetes import ClientKubeApi, Executor, OpKind, SimpleMove, build_move, load_kube
+from gpudefrag.engines.kubernetes import ClientKubeApi, OpKind, SequenceRunner, SimpleMove, build_move, load_kube
 from gpudefrag.engines.kubernetes.moves import MoveSequence, Op
 
 from .lab import KubeLab, gpu_node, gpu_pod, pdb, ready
@@ -44,7 +44,7 @@ def run_move(lab: KubeLab, move: SimpleMove, before: Any = None, timeout: float 
     seq = dataclasses.replace(seq, ops=tuple(  # shorter waits than a production move
         dataclasses.replace(o, params={**o.params, "timeout_s": timeout}) if "timeout_s" in o.params else o
         for o in seq.ops))
-    ex = Executor(ClientKubeApi(lab.client()), poll_s=0.3, before=before, evict_retry_s=evict_retry_s)
+    ex = SequenceRunner(ClientKubeApi(lab.client()), poll_s=0.3, before=before, evict_retry_s=evict_retry_s)
     return seq, ex.run(seq, cluster.state.workload(move.workload_id).versions)
 
 

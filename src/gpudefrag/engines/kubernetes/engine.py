@@ -1,7 +1,7 @@
 """`KubernetesEngine`: the `Engine` protocol over a live cluster (or, read-only, over a dump).
 
 Kubernetes has no hold/requeue of a running pod: a move is a `MoveSequence` (see moves.py) run by the
-`Executor`, and this engine's `move()` does exactly that. The Slurm-shaped job actions map where Kubernetes has
+`SequenceRunner`, and this engine's `move()` does exactly that. The Slurm-shaped job actions map where Kubernetes has
 an equivalent: `release` removes a pod's scheduling gates, `pin` narrows a gated pod's node affinity (mutable
 while gated), `signal` execs `kill` in the pod; `hold` and `requeue_hold` are refused with the reason.
 
@@ -20,7 +20,7 @@ from ...core.compat import checkpoint_record
 from ...core.model import ClusterState
 from ..base import EngineError, JobInfo, JobPhase, NodeInfo
 from .convert import KubeCluster
-from .executor import ApiError, ClientKubeApi, Executor, ImageVerifier, KubeApi, MoveResult, is_ready
+from .executor import ApiError, ClientKubeApi, ImageVerifier, KubeApi, MoveResult, SequenceRunner, is_ready
 from .load import load_dump
 from .moves import HOSTNAME, MoveLike, MoveOptions, build_move
 
@@ -184,5 +184,5 @@ class KubernetesEngine:
         cluster = self.last or self.cluster()
         seq = build_move(cluster, move, options)
         versions = checkpoint_record(cluster.state, cluster.state.workload(move.workload_id)) if seq.ok else None
-        ex = Executor(self.api, verify_image=verify_image, compat=(options or MoveOptions()).compat)
+        ex = SequenceRunner(self.api, verify_image=verify_image, compat=(options or MoveOptions()).compat)
         return ex.run(seq, versions)

@@ -98,7 +98,11 @@ def is_ready(obj: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
-class Executor:
+class SequenceRunner:
+    """Runs one pod move's `MoveSequence` against the API server, operation by operation (the Kubernetes side of
+    a move; `control.executor.Executor` is the journaled, budgeted executor of the Slurm and sim engines, and
+    `control.kube_executor.KubeMoveExecutor` journals these runs)."""
+
     def __init__(self, api: KubeApi, *, verify_image: ImageVerifier | None = None, compat: CompatRule | None = None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
                  poll_s: float = 2.0, on_step: Callable[[MoveSequence, StepResult], None] | None = None,
