@@ -129,7 +129,7 @@ def kube_plan(
 ) -> None:
     """The moves that let a pending pod land, each as the list of API operations that performs it.
     Exit 1 when no plan exists or a move is refused."""
-    from ..engines.kubernetes import Executor, InMemoryApi, MoveOptions, SimpleMove, build_moves
+    from ..engines.kubernetes import InMemoryApi, MoveOptions, SequenceRunner, SimpleMove, build_moves
     from ..engines.kubernetes.convert import as_dict_info
 
     if checkpoint not in ("auto", "kubelet", "app"):
@@ -175,7 +175,7 @@ def kube_plan(
     results = []
     if dry_run and all(s.ok for s in seqs):
         api = InMemoryApi(cluster)
-        ex = Executor(api, verify_image=api.verify_image, compat=inputs.compat, sleep=lambda s: None)
+        ex = SequenceRunner(api, verify_image=api.verify_image, compat=inputs.compat, sleep=lambda s: None)
         results = [ex.run(s, state.workload(s.workload_id).versions) for s in seqs]
     if json_out:
         emit_json({"source": src, "plan": plan_doc, "decision": decision_doc, "moves": [s.as_dict() for s in seqs],

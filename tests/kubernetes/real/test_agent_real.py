@@ -18,7 +18,7 @@ from gpudefrag.control.journal import Journal, MigrationState
 from gpudefrag.control.kube_journaled import JournaledMoves
 from gpudefrag.control.node_agent import Kubelet, NodeAgent, compat_record
 from gpudefrag.engines.kubernetes import SimpleMove, build_move, load_kube
-from gpudefrag.engines.kubernetes.executor import ClientKubeApi, Executor
+from gpudefrag.engines.kubernetes.executor import ClientKubeApi, SequenceRunner
 from gpudefrag.engines.kubernetes.moves import ANN_AGENT_REQUEST, ANN_AGENT_RESULT
 
 from .lab import H100, KubeLab, gpu_node, gpu_pod, ready
@@ -63,7 +63,7 @@ def test_agent_failure_is_answered_and_the_move_rolls_back(kube: KubeLab, oci_re
         cluster = load_kube(live=True)
         seq = build_move(cluster, SimpleMove("ml/trainer", "gpu-node-0", "gpu-node-1"))
         assert seq.ok and seq.checkpoint_mode == "kubelet", seq.refused
-        ex = Executor(ClientKubeApi(api_client), verify_image=image_verifier(Registry(oci_registry.url), key),
+        ex = SequenceRunner(ClientKubeApi(api_client), verify_image=image_verifier(Registry(oci_registry.url), key),
                       poll_s=0.3)
         with Journal(tmp_path / "journal.db") as j:
             m, res = JournaledMoves(ex, j).run(seq, cluster.state.workload("ml/trainer").versions)
