@@ -3,7 +3,8 @@ tests/kubernetes/real/nodes/test_e2e_stateful_nodes.py runs the same `scenario`)
 
 A control plane (tools/kubecluster) with two real kubelet nodes (tools/kubenode: real-a, real-b) and a KWOK
 node; the gpudefrag image built from the Containerfile and pushed to the lab registry; `kubectl apply -k` of an
-overlay of deploy/kubernetes (the lab's registry and image, a trigger that fires at once, and — because the lab
+overlay of deploy/kubernetes (through deploy/kubernetes-no-storageclass: the lab has no StorageClass; the lab's
+registry and image, a trigger that fires at once, and — because the lab
 has no kube-proxy, so pods reach the API server and the registry only on the host's network — hostNetwork for
 the controller and the agent). Then a counter pod (2 GPUs) on real-a, 6 GPUs taken on real-b by a pod the policy
 may not move, the KWOK node full, and an 8-GPU pod pending: only moving the counter to real-b frees a whole node.
@@ -74,6 +75,10 @@ class Lab:
         self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}))
 
 
+class Broken(Exception):
+    """A part that will not come right by waiting (a crash-looping controller or agent): stop at once, saying why."""
+
+
 def wait(what: str, check: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
     end = time.monotonic() + timeout
     while True:
@@ -117,15 +122,12 @@ def kwok_node(name: str, gpus: int = 8) -> dict[str, Any]:
             "status": {"capacity": res, "allocatable": dict(res)}}
 
 
-def build_image(lab: Lab, work: Path) -> str:
-    """The gpudefrag image from the repository's Containerfile, pushed to the lab registry."""
-    out = work / "gpudefrag-image.tar"
-    ref = f"{lab.registry}/gpudefrag/gpudefrag:dev"
-    subprocess.run([sys.executable, str(REPO / "tools/kubenode/containerfile.py"), str(REPO), str(out), "--ref", ref],
-                   check=True, timeout=3600, stdout=sys.stderr)
-    subprocess.run([sys.executable, str(REPO / "tools/kubenode/oci.py"), "push", str(out), lab.registry,
-                    "gpudefrag/gpudefrag:dev"], check=True, timeout=900, stdout=sys.stderr)
-    return ref
+def build_image(lab: Lab) -> str:
+    """The gpudefrag image from the repository's Containerfile (tools/kubenode/images.sh, cached), pushed to
+    the lab registry; its name."""
+    subprocess.run([str(REPO / "tools/kubenode/images.sh"), "push-gpudefrag", lab.registry], check=True,
+                   timeout=3600, stdout=sys.stderr)
+    return f"{lab.registry}/gpudefrag/gpudefrag:dev"
 
 
 def overlay(lab: Lab, work: Path, image: str) -> Path:
@@ -141,9 +143,7 @@ def overlay(lab: Lab, work: Path, image: str) -> Path:
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gpudefrag-controller",
                                                                      "namespace": "gpudefrag"},
          "spec": {"template": {"spec": {**host_net, "containers": [{"name": "controller", "env": api_env,
-                                                                     "imagePullPolicy": "Always"}],
-                                        "volumes": [{"name": "state", "persistentVolumeClaim": None,
-                                                     "emptyDir": {}}]}}}},
+                                                                     "imagePullPolicy": "Always"}]}}}},
         {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gpudefrag-node-agent",
                                                                     "namespace": "gpudefrag-node"},
          "spec": {"template": {"spec": {**host_net, "containers": [{"name": "agent", "env": api_env,
@@ -156,7 +156,8 @@ def overlay(lab: Lab, work: Path, image: str) -> Path:
     ]
     for i, p in enumerate(patches):
         (d / f"patch-{i}.json").write_text(json.dumps(p))
-    base = os.path.relpath(REPO / "deploy" / "kubernetes", d)
+    # the lab has no StorageClass: the journal in an emptyDir (deploy/kubernetes-no-storageclass, on the base)
+    base = os.path.relpath(REPO / "deploy" / "kubernetes-no-storageclass", d)
     name, _, tag = image.rpartition(":")
     k = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": [base],
          "patches": [{"path": f"patch-{i}.json"} for i in range(len(patches))],
@@ -196,24 +197,31 @@ def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
     wait("b-filler running", lambda: ready(lab.get("-n", "other", "pod", "b-filler")), 180)
     log("deploying gpudefrag: kubectl apply -k (deploy/kubernetes + the lab overlay)")
     lab.kubectl("apply", "-k", str(overlay(lab, work, image)), timeout=180)
-    ctl = wait("the controller Running", lambda: next(
+    wait("the controller Running", lambda: crashing(lab) or next(
         (p for p in lab.get("-n", "gpudefrag", "pods")["items"] if ready(p)), None), 300)
     wait("the node agent Running on real-a", lambda: any(
         ready(p) and p["spec"].get("nodeName") == "real-a" for p in lab.get("-n", "gpudefrag-node", "pods")["items"]),
         300)
     before_uid = lab.get("-n", "ml", "pod", "counter")["metadata"]["uid"]
-    n_before = counts(lab.kubectl("-n", "ml", "logs", "counter").stdout)[-1]  # the original's count, before
+    # the original's count, the last one read on real-a before its replacement appeared
+    seen = {"before": counts(lab.kubectl("-n", "ml", "logs", "counter").stdout)[-1]}
     lab.apply(pod("train-8g", "ml", 8, counter_image))
     log("the 8-GPU pod is pending; waiting for the deployed controller to move the counter")
 
     def moved() -> dict[str, Any] | None:
-        for p in lab.get("-n", "ml", "pods")["items"]:
+        crashing(lab)
+        pods = lab.get("-n", "ml", "pods")["items"]
+        for p in pods:
             ann = p["metadata"].get("annotations") or {}
             if ann.get("gpudefrag.io/migrated-from") == "ml/counter" and ready(p):
                 return p
+        if not any((p["metadata"].get("annotations") or {}).get("gpudefrag.io/migrated-from") for p in pods):
+            got = counts(lab.kubectl("-n", "ml", "logs", "counter", check=False).stdout)
+            seen["before"] = got[-1] if got else seen["before"]
         return None
 
     repl = wait("the counter's replacement Ready", moved, 600)
+    n_before = seen["before"]
     wait("the original gone", lambda: lab.kubectl("-n", "ml", "get", "pod", "counter", check=False).returncode != 0,
          300)
     bound = wait("train-8g bound", lambda: lab.get("-n", "ml", "pod", "train-8g")["spec"].get("nodeName"), 300)
@@ -224,10 +232,14 @@ def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
     text = lab.kubectl("-n", "ml", "logs", name).stdout
     got = counts(text)
     started = [ln for ln in text.splitlines() if ln.startswith("started ")]
-    ctl_log = lab.kubectl("-n", "gpudefrag", "logs", ctl["metadata"]["name"]).stdout
-    mig = re.search(r"migration (\d+) of ml/counter: done", ctl_log)
-    if mig is None:
-        raise RuntimeError(f"the controller's log does not say it moved ml/counter:\n{ctl_log[-3000:]}")
+    # the controller pod that did it: its log says so (not merely the first one seen Ready)
+    ctl = None
+    for p in lab.get("-n", "gpudefrag", "pods")["items"]:
+        text = lab.kubectl("-n", "gpudefrag", "logs", p["metadata"]["name"], check=False).stdout
+        if re.search(r"migration \d+ of ml/counter: done", text):
+            ctl = p
+    if ctl is None:
+        raise RuntimeError("no controller pod's log says it moved ml/counter")
     downtime = downtime_s(lab, ctl["metadata"]["name"])
     # one "started" line (the original's, its log carried in the checkpoint): a restart prints its own and counts
     # from 0 again; and no count ever goes back
@@ -237,6 +249,18 @@ def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
           and repl["metadata"]["uid"] != before_uid)
     return {"moved": ok, "by": ctl["metadata"]["name"], "counter_before": n_before, "counter_after": got[-1],
             "node_freed": "real-a", "pending_pod_bound_to": bound, "downtime_s": downtime}
+
+
+def crashing(lab: Lab) -> None:
+    """Raise Broken when a gpudefrag container has restarted twice (a crash loop does not end by waiting), with
+    its last words."""
+    for ns in ("gpudefrag", "gpudefrag-node"):
+        for p in lab.get("-n", ns, "pods")["items"]:
+            for c in (p.get("status") or {}).get("containerStatuses") or []:
+                if c.get("restartCount", 0) >= 2:
+                    last = lab.kubectl("-n", ns, "logs", p["metadata"]["name"], "--previous", check=False)
+                    raise Broken(f"{ns}/{p['metadata']['name']} restarted {c['restartCount']} times: "
+                                 f"{(last.stdout + last.stderr).strip()[-2000:]}")
 
 
 def downtime_s(lab: Lab, ctl_pod: str) -> float | None:
@@ -271,7 +295,7 @@ def main() -> int:
         subprocess.run([str(NODE_SH), "lab-up", str(d), "2"], check=True, stdout=sys.stderr, timeout=900)
         lab = Lab(d)
         log("the gpudefrag image (Containerfile)")
-        image = build_image(lab, work)
+        image = build_image(lab)
         out = scenario(lab, work, image)
     finally:
         subprocess.run([str(NODE_SH), "lab-down", str(d)], stdout=sys.stderr, stderr=sys.stderr, timeout=600)

@@ -122,3 +122,17 @@ def test_the_kubernetes_example_policy_is_the_one_the_deployment_ships() -> None
     example = (DEPLOY.parents[1] / "examples" / "policies" / "kubernetes.yaml").read_text()
     body = "".join(line for line in example.splitlines(keepends=True) if not line.startswith("#"))
     assert body == cm["data"]["policy.yaml"]
+
+
+@pytest.mark.parametrize(("kind", "name"), [("Deployment", "gpudefrag-controller"),
+                                            ("DaemonSet", "gpudefrag-node-agent")])
+def test_the_key_is_mounted_as_a_file_not_through_the_secret_volumes_link(kind: str, name: str) -> None:
+    """A Secret volume's files are links into ..data/, which load_key refuses (insecure-key: the deployed
+    controller crash-looped on it on the real nodes); a subPath mount is the regular file itself."""
+    spec = _doc(kind, name)["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    key_arg = c["args"][c["args"].index("--key") + 1]
+    secret_vols = {v["name"] for v in spec["volumes"] if "secret" in v}
+    mounts = [m for m in c["volumeMounts"] if m["name"] in secret_vols]
+    assert mounts and all(m.get("subPath") for m in mounts), mounts
+    assert key_arg in {m["mountPath"] for m in mounts}

@@ -1,0 +1,37 @@
+"""The acceptance path of issue 26 in the test suite: scripts/e2e_kube_stateful.py's `scenario` — gpudefrag
+built from the Containerfile, deployed with `kubectl apply -k`, the *deployed* controller moving a counter pod
+with its state from real-a to real-b so that a pending 8-GPU pod gets real-a — on this package's real nodes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from ..lab import REPO
+from .lab import KubeNodes
+
+pytestmark = pytest.mark.kube
+
+
+def _e2e():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("e2e_kube_stateful", REPO / "scripts" / "e2e_kube_stateful.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_deployed_controller_moves_a_pod_with_its_state(kube_nodes: KubeNodes, tmp_path: Path) -> None:
+    e2e = _e2e()
+    lab = e2e.Lab(kube_nodes.lab.dir)
+    image = kube_nodes.push_gpudefrag_image()
+    out = e2e.scenario(lab, tmp_path, image)
+    print(json.dumps(out))
+    assert out["moved"], out
+    assert out["by"].startswith("gpudefrag-controller-")
+    assert out["counter_after"] > out["counter_before"]
+    assert out["node_freed"] == out["pending_pod_bound_to"] == "real-a"
+    assert out["downtime_s"] is not None and out["downtime_s"] > 0
