@@ -21,7 +21,7 @@ from gpudefrag.checkpoint.oci_registry import Registry, image_verifier
 from gpudefrag.control.journal import Journal, MigrationState
 from gpudefrag.control.kube_journaled import JournaledMoves
 from gpudefrag.engines.kubernetes import SimpleMove, build_move, load_kube
-from gpudefrag.engines.kubernetes.executor import ClientKubeApi, Executor
+from gpudefrag.engines.kubernetes.executor import ClientKubeApi, SequenceRunner
 
 from ..lab import REPO, ready
 from .lab import COUNTER, NODE_SH, KubeNodes, counter_pod, counts
@@ -82,7 +82,7 @@ def test_the_executor_moves_a_counter_with_its_state_through_the_node_agent(
         seq = build_move(cluster, SimpleMove(f"{NS}/counter", "real-a", "real-b"))
         assert seq.ok and seq.checkpoint_mode == "kubelet", seq.refused
         before = counts(kube_nodes.logs(NS, "counter"))[-1]
-        ex = Executor(ClientKubeApi(lab.client()), poll_s=0.3,
+        ex = SequenceRunner(ClientKubeApi(lab.client()), poll_s=0.3,
                       verify_image=image_verifier(Registry(f"http://{kube_nodes.registry}"), key))
         with Journal(tmp_path / "journal.db") as j:
             m, res = JournaledMoves(ex, j).run(seq, cluster.state.workload(f"{NS}/counter").versions)
