@@ -100,6 +100,17 @@ def test_any_corruption_gives_one_named_error_or_loads(idx: int, value: Any) -> 
      'items[0].status.capacity["nvidia.com/gpu"]', "not plausible"),
     (lambda d: d["items"][1]["metadata"]["labels"].__setitem__("nvidia.com/gpu.count", "99999"),
      'items[1].metadata.labels["nvidia.com/gpu.count"]', "not plausible"),
+    # CPU and memory past what the model holds are named at the dump's field, not the model's (nodes[0].cpu_milli:
+    # hypothesis found a node's allocatable cpu of 10**12 named so, once)
+    (lambda d: d["items"][0]["status"]["allocatable"].__setitem__("cpu", 10**12), "items[0].status.allocatable.cpu",
+     "not plausible"),
+    (lambda d: d["items"][2]["status"]["allocatable"].__setitem__("memory", "4Ei"),
+     "items[2].status.allocatable.memory", "not plausible"),
+    (lambda d: d["items"][4]["spec"]["containers"][0]["resources"]["requests"].__setitem__("cpu", "1e12"),
+     "items[4].spec.containers[0].resources.requests.cpu", "not plausible"),
+    (lambda d: d["items"][4]["spec"].__setitem__("containers", [
+        {"name": f"c{i}", "resources": {"requests": {"cpu": 6 * 10**8}}} for i in range(2)]),
+     "items[4].spec.containers", "add up to"),
 ])
 def test_specific_errors_name_the_path(tmp_path: Path, mutate: Any, where: str, words: str) -> None:
     doc = json.loads(json.dumps(DOC))

@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...core.model import (
+    MAX_AMOUNT,
     MILLI,
     ClusterState,
     ModelError,
@@ -64,6 +65,25 @@ NODE_GROUP_LABELS = (
 _QUOTA_REQ = re.compile(r"requested: [^\n]*?requests\.nvidia\.com/gpu=(\d+)")
 _DONE_PHASES = ("Succeeded", "Failed")
 MAX_GPUS_PER_NODE = 1024
+
+
+def _cpu_milli(q: Decimal | None) -> int:
+    return int(q * 1000) if q is not None else 0
+
+
+def _memory_mib(q: Decimal | None) -> int:
+    return int(q / (1 << 20)) if q is not None else 0
+
+
+def _implausible(key: str, q: Decimal | None) -> str | None:
+    """Why a CPU or memory quantity is more than the model holds (core.model.MAX_AMOUNT millicores or MiB per node
+    or request), or None. The converter refuses it at the dump's own field: the model's check would name only the
+    model's path (`nodes[0].cpu_milli`), not the file's."""
+    if key == "cpu" and _cpu_milli(q) > MAX_AMOUNT:
+        return f"{q} CPUs is not plausible (at most {MAX_AMOUNT // 1000})"
+    if key == "memory" and _memory_mib(q) > MAX_AMOUNT:
+        return f"{q} bytes of memory is not plausible (at most {MAX_AMOUNT} MiB)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +228,9 @@ def _node(at: At, dra: DraInventory) -> Node:
             ready = c.text("status") == "True"
     cpu = alloc.quantity("cpu")
     mem = alloc.quantity("memory")
+    for key, q in (("cpu", cpu), ("memory", mem)):
+        if why := _implausible(key, q):
+            raise alloc.error(why, key)
     group = next((labels[k] for k in NODE_GROUP_LABELS if labels.get(k)), None)
     model = labels.get(GPU_PRODUCT_LABEL) or dra.product_by_node.get(name)
     return Node(
@@ -215,8 +238,8 @@ def _node(at: At, dra: DraInventory) -> Node:
         gpu_count=count,
         gpu_model=model,
         gpu_allocatable=allocatable,
-        cpu_milli=int(cpu * 1000) if cpu is not None else 0,
-        memory_mib=int(mem / (1 << 20)) if mem is not None else 0,
+        cpu_milli=_cpu_milli(cpu),
+        memory_mib=_memory_mib(mem),
         driver_version=_gfd_version(labels, "nvidia.com/cuda.driver-version.full",
                                     ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
                                      "nvidia.com/cuda.driver.rev")),
@@ -242,7 +265,10 @@ def _resources(spec: At) -> dict[str, Decimal]:
         out: dict[str, Decimal] = {}
         for k in set(req.value) | set(lim.value):
             if k in ("cpu", "memory", GPU) or k.startswith(MIG_PREFIX):
-                q = req.quantity(k) if k in req.value else lim.quantity(k)
+                where = req if k in req.value else lim
+                q = where.quantity(k)
+                if why := _implausible(k, q):
+                    raise where.error(why, k)
                 if q is not None:
                     out[k] = q
         return out
@@ -254,6 +280,9 @@ def _resources(spec: At) -> dict[str, Decimal]:
     for c in spec.objects("initContainers"):
         for k, v in one(c).items():
             total[k] = max(total.get(k, Decimal(0)), v)
+    for k in ("cpu", "memory"):
+        if why := _implausible(k, total.get(k)):
+            raise spec.error(f"the containers' {k} requests add up to {why}", "containers")
     return total
 
 
@@ -477,8 +506,8 @@ def _pod(
     request = Request(
         gpus_per_node=gpus,
         gpu_milli=MILLI,
-        cpu_milli=int(cpu * 1000) if cpu is not None else 0,
-        memory_mib=int(mem / (1 << 20)) if mem is not None else 0,
+        cpu_milli=_cpu_milli(cpu),
+        memory_mib=_memory_mib(mem),
         gpu_models=sel.gpu_models,
         node_selector=sel.selector,
         tolerations=_tolerations(spec),
@@ -554,8 +583,7 @@ def _cpu_pod(
         return None, None
     w = Workload(
         id=wid,
-        request=Request(gpus_per_node=0, cpu_milli=int(cpu * 1000) if cpu is not None else 0,
-                        memory_mib=int(mem / (1 << 20)) if mem is not None else 0),
+        request=Request(gpus_per_node=0, cpu_milli=_cpu_milli(cpu), memory_mib=_memory_mib(mem)),
         name=name,
         namespace=ns,
         priority=spec.integer("priority", 0) or 0,
