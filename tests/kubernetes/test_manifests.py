@@ -64,6 +64,13 @@ def test_rbac_is_least_privilege() -> None:
     assert cm_role["metadata"]["namespace"] == "kube-system"
     assert cm_role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
                                  "resourceNames": ["cluster-autoscaler-status"], "verbs": ["get", "list", "watch"]}]
+    # leader election (lease.py): create a Lease in its own namespace, read and renew only its own one
+    leader = _doc("Role", "gpudefrag-leader")
+    assert leader["metadata"]["namespace"] == "gpudefrag"
+    assert leader["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["gpudefrag-controller"],
+         "verbs": ["get", "update"]}]
 
 
 def test_the_controller_writes_only_in_the_namespaces_its_policy_names() -> None:
@@ -113,6 +120,9 @@ def test_deployment_runs_the_kubernetes_controller() -> None:
     assert c["args"][:3] == ["controller", "--engine", "kubernetes"]
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "gpudefrag-controller"
     assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    # its Lease in its own namespace (where rbac.yaml's gpudefrag-leader grants it), held under its pod's name
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+    assert env["POD_NAMESPACE"] == "metadata.namespace" and env["POD_NAME"] == "metadata.name"
 
 
 def test_the_kubernetes_example_policy_is_the_one_the_deployment_ships() -> None:

@@ -329,28 +329,44 @@ def test_a_workload_id_that_is_no_folder_name_is_refused(env: dict[str, str], tm
     assert not log.exists() and not (tmp_path / "escape").exists()
 
 
-@pytest.mark.parametrize("how", ["run-folder-writable-by-all", "job-folder-owned-by-the-user"])
+@pytest.mark.parametrize("how", ["run-folder-writable-by-all", "job-folder-owned-by-the-user",
+                                 "run-folder-a-link-a-user-planted", "run-folder-inside-a-users-folder"])
 def test_a_job_folder_planted_by_a_user_is_refused_and_nothing_is_written_through_it(
         env: dict[str, str], tmp_path: Path, shared_tmp: Path, throwaway_user, how: str) -> None:
     """With the run folder writable by users, a user created the next job's folder first, with `.node.tmp` (or
     status.json) a link to a root-owned file, and the root-run wrapper wrote through it. The wrapper now writes
     only into a job folder it created and owns: a run folder others may write, or a job folder of another user,
-    is refused before anything starts (one line, exit 2), and the linked files stay as they were."""
+    is refused before anything starts (one line, exit 2), and the linked files stay as they were. So is a run
+    folder reached through a path the user can change: a link they planted where the run folder was to be (in a
+    shared /tmp: root's writes would land in the root folder it points to), or a folder of theirs above it (they
+    could rename the run folder away and put a link there)."""
     run = shared_tmp / "run"
-    run.mkdir()
     victim = shared_tmp / "victim"
     victim.write_text("root's file\n")
-    if how == "run-folder-writable-by-all":
-        os.chmod(run, 0o1777)  # like /tmp
-        r = throwaway_user.run(["mkdir", str(run / "planted")])
+    rootdir = shared_tmp / "root-only"  # e.g. /etc: root's own folder, 0755
+    rootdir.mkdir(mode=0o755)
+    if how == "run-folder-a-link-a-user-planted":
+        r = throwaway_user.run(["ln", "-s", str(rootdir), str(run)])
         assert r.returncode == 0, r.stderr
+    elif how == "run-folder-inside-a-users-folder":
+        home = shared_tmp / "home"
+        home.mkdir(mode=0o755)
+        os.chown(home, throwaway_user.uid, throwaway_user.gid)
+        run = home / "run"
+        run.mkdir(mode=0o755)  # root's, but in a folder the user may rename it out of
     else:
-        os.chmod(run, 0o755)
-        (run / "planted").mkdir()  # e.g. made by an admin for the user
-        os.chown(run / "planted", throwaway_user.uid, throwaway_user.gid)
-    for name in (".node.tmp", "status.json", "workload.out", "handled.json"):
-        r = throwaway_user.run(["ln", "-s", str(victim), str(run / "planted" / name)])
-        assert r.returncode == 0, r.stderr
+        run.mkdir()
+        if how == "run-folder-writable-by-all":
+            os.chmod(run, 0o1777)  # like /tmp
+            r = throwaway_user.run(["mkdir", str(run / "planted")])
+            assert r.returncode == 0, r.stderr
+        else:
+            os.chmod(run, 0o755)
+            (run / "planted").mkdir()  # e.g. made by an admin for the user
+            os.chown(run / "planted", throwaway_user.uid, throwaway_user.gid)
+        for name in (".node.tmp", "status.json", "workload.out", "handled.json"):
+            r = throwaway_user.run(["ln", "-s", str(victim), str(run / "planted" / name)])
+            assert r.returncode == 0, r.stderr
     log = tmp_path / "planted.log"
     p = start({**env, "GPUDEFRAG_RUN_DIR": str(run)}, "planted", log)
     _, err = p.communicate(timeout=120)
@@ -358,6 +374,7 @@ def test_a_job_folder_planted_by_a_user_is_refused_and_nothing_is_written_throug
     lines = err.strip().splitlines()
     assert len(lines) == 1 and str(run) in lines[0] and "refused" in lines[0], lines
     assert victim.read_text() == "root's file\n" and victim.stat().st_uid == 0
+    assert list(rootdir.iterdir()) == []  # nothing written into the folder a planted link points to
     assert not log.exists()  # nothing started
     # the controller's side refuses to write requests or tickets there too
     agent = FileAgent(run, CheckpointStore(Path(env["GPUDEFRAG_STORE"]), Path(env["GPUDEFRAG_KEY"])))
@@ -367,7 +384,7 @@ def test_a_job_folder_planted_by_a_user_is_refused_and_nothing_is_written_throug
         agent.set_ticket("planted", Ticket("t1", None, "move"))
     with pytest.raises(InputError):
         agent.request_checkpoint("planted", "r1", stop=True)
-    assert victim.read_text() == "root's file\n"
+    assert victim.read_text() == "root's file\n" and list(rootdir.iterdir()) == []
 
 
 def test_a_ticket_naming_another_workloads_checkpoint_is_refused(env: dict[str, str], tmp_path: Path) -> None:

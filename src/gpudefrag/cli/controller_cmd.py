@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -94,6 +96,9 @@ def controller(
                                       "host:port); only images named so are accepted"),
     snapshot: Path = typer.Option(None, "--snapshot", help="--engine sim: the cluster to simulate"),
     costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
+    lease_namespace: str = typer.Option("default", "--lease-namespace", envvar="POD_NAMESPACE",
+                                        help="--engine kubernetes: the namespace of the Lease "
+                                        "(gpudefrag-controller) that makes this the cluster's only controller"),
     request_file: Path = typer.Option(None, "--request-file",
                                       help="A file whose appearance requests a cycle (consumed)"),
     plan_anyway: bool = typer.Option(False, "--plan-anyway", help="Move jobs even for a pending job that an "
@@ -132,6 +137,7 @@ def controller(
 
     executor = None
     st = None
+    lease = None
     if store is not None:
         from ..checkpoint.keys import load_key
         from ..checkpoint.store import CheckpointStore, default_key_path
@@ -144,7 +150,18 @@ def controller(
         # pods are moved as checked API-operation sequences (create pinned replacement, wait ready, evict
         # original), journaled the same way; no job wrapper or shared run dir is involved
         from ..control.kube_executor import KubeMoveExecutor
+        from ..engines.kubernetes.lease import LeaderLease
+        from ..engines.kubernetes.live import api_client
 
+        # one controller per cluster: a Lease held for its whole life, taken before the journal is opened
+        # (journals on separate volumes cannot see each other's lock); then one controller per journal. The same
+        # pod (a restarted container), or the same host and journal (a restarted process; the journal's lock
+        # keeps out a second one at once), takes its own Lease back at once; anyone else waits it out.
+        who = os.environ.get("POD_NAME") or f"{socket.gethostname()}:{_journal_path(journal).absolute()}"
+        lease = LeaderLease(api_client(context), lease_namespace, identity=who)
+        lease.acquire()
+        # a clean stop (the Deployment's SIGTERM) gives the Lease back: the next controller need not wait
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         kj = Journal(_journal_path(journal), on_write=crash_hook_from_env())
         kj.claim()  # one controller per journal, for its whole life
         _remember(kj.path)
@@ -210,39 +227,47 @@ def controller(
         if sim is not None:
             sim.advance(interval)
 
-    n = 0
-    while True:
-        report = ctl.cycle()
-        on_cycle(report)
-        n += 1
-        if once or (max_cycles is not None and n >= max_cycles):
-            break
-        if until_idle and report.in_flight == 0 and not any(d.kind in ("trigger", "submit", "progress")
-                                                             for d in report.decisions):
-            break
-        if sim is None:
-            pause_until_change(eng, interval if ctl.next_due is None
-                               else max(0.0, min(interval, ctl.next_due - time.time())))
-    if executor is not None and once:
-        # one cycle asked for: finish what it started — the migrations in flight and every move of a plan it
-        # started that the budget deferred (max_per_node: 1 makes a two-move plan take two rounds) — bounded by
-        # the policy's timeouts; no new plan is started meanwhile. Every step of a migration has a timeout; as a
-        # last guard, no one set of migrations stays in flight longer than all of them together
-        from ..control.executor import once_deadline_s
+    try:
+        n = 0
+        while True:
+            if lease is not None:
+                lease.renew()  # a controller that lost its Lease stops before it acts again
+            report = ctl.cycle()
+            on_cycle(report)
+            n += 1
+            if once or (max_cycles is not None and n >= max_cycles):
+                break
+            if until_idle and report.in_flight == 0 and not any(d.kind in ("trigger", "submit", "progress")
+                                                                 for d in report.decisions):
+                break
+            if sim is None:
+                pause_until_change(eng, interval if ctl.next_due is None
+                                   else max(0.0, min(interval, ctl.next_due - time.time())))
+        if executor is not None and once:
+            # one cycle asked for: finish what it started — the migrations in flight and every move of a plan it
+            # started that the budget deferred (max_per_node: 1 makes a two-move plan take two rounds) — bounded by
+            # the policy's timeouts; no new plan is started meanwhile. Every step of a migration has a timeout; as a
+            # last guard, no one set of migrations stays in flight longer than all of them together
+            from ..control.executor import once_deadline_s
 
-        limit = once_deadline_s(executor.config)
-        seen: set[int] = set()
-        end = time.monotonic() + limit
-        while executor.active() or ctl.plans:
-            now_ids = {m.id for m in executor.active()}
-            if now_ids != seen:
-                seen, end = now_ids, time.monotonic() + limit
-            if sim is None and time.monotonic() > end:
-                left = ", ".join(f"{m.id} ({m.workload_id}: {m.state.value})" for m in executor.active())
-                raise fail(f"--once: migration(s) still in flight after {limit:.0f} s: {left}; they stay in the "
-                           "journal and a restarted controller resumes them", 1)
-            time.sleep(interval if sim is None else 0)
-            on_cycle(ctl.cycle(plan_new=False))
+            limit = once_deadline_s(executor.config)
+            seen: set[int] = set()
+            end = time.monotonic() + limit
+            while executor.active() or ctl.plans:
+                now_ids = {m.id for m in executor.active()}
+                if now_ids != seen:
+                    seen, end = now_ids, time.monotonic() + limit
+                if sim is None and time.monotonic() > end:
+                    left = ", ".join(f"{m.id} ({m.workload_id}: {m.state.value})" for m in executor.active())
+                    raise fail(f"--once: migration(s) still in flight after {limit:.0f} s: {left}; they stay in the "
+                               "journal and a restarted controller resumes them", 1)
+                time.sleep(interval if sim is None else 0)
+                if lease is not None:
+                    lease.renew()
+                on_cycle(ctl.cycle(plan_new=False))
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 def pause_until_change(engine: Any, seconds: float) -> None:

@@ -312,3 +312,5 @@ class KubeLab:
         # the old KWOK's node leases: the new one (another holder) would wait out their 40 s before it took
         # a node of the same name. With no nodes left the new KWOK makes none until the test's nodes come.
         self.kubectl("-n", "kube-node-lease", "delete", "leases", "--all", "--wait=false")
+        # a controller the last test left holding the leader-election Lease must not refuse this test's
+        self.kubectl("-n", "default", "delete", "lease", "gpudefrag-controller", "--ignore-not-found")

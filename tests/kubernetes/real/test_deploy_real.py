@@ -108,7 +108,8 @@ def test_deployment_manifests_apply_and_rbac_suffices(kube: KubeLab, tmp_path: P
 
         # and with exactly these grants the controller makes the moves
         kube.kubectl("-n", "other", "delete", "pod", "bystander", "--wait=false")
-        p = controller(kube, tmp_path, env={"KUBECONFIG": str(sa)})
+        # its Lease in its own namespace, where the manifests grant it (as the Deployment's POD_NAMESPACE says)
+        p = controller(kube, tmp_path, env={"KUBECONFIG": str(sa), "POD_NAMESPACE": "gpudefrag"})
         assert p.returncode == 0, p.stdout + p.stderr
         assert [m["state"] for m in migrations(tmp_path)] == ["done", "done"]
         kube.wait("train-8g bound", lambda: kube.get("pod", "train-8g", ns="ml")["spec"].get("nodeName"))
