@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -286,6 +287,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpudefrag-e2e-"))
     d = work / "lab"
     d.mkdir()
+    out: dict[str, Any] = {"moved": False}
     try:
         subprocess.run([str(REPO / "tools/kubecluster/build.sh")], check=True, stdout=subprocess.DEVNULL)
         subprocess.run([str(REPO / "tools/kubenode/build.sh")], check=True, stdout=subprocess.DEVNULL)
@@ -300,6 +302,10 @@ def main() -> int:
     finally:
         subprocess.run([str(NODE_SH), "lab-down", str(d)], stdout=sys.stderr, stderr=sys.stderr, timeout=600)
         subprocess.run([str(CLUSTER_SH), "stop", str(d)], stdout=sys.stderr, stderr=sys.stderr, timeout=120)
+        if out["moved"]:
+            shutil.rmtree(work, ignore_errors=True)  # ~1 GB: nodes' roots, images, the registry
+        else:
+            log(f"kept for a look: {work} (the nodes' and the control plane's logs)")
     print(json.dumps(out), flush=True)
     return 0 if out["moved"] else 1
 
