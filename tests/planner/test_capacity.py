@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from gpudefrag.core.capacity import Capacity, Shape, fits, pick_gpus
+from gpudefrag.core.model import ClusterState
 from gpudefrag.core.planner import PlanOptions, plan_moves
 from gpudefrag.core.planner_exact import solve_exact
 from gpudefrag.core.planner_problem import Problem, capacity_proof, parts_of
@@ -111,3 +112,54 @@ def test_the_counting_proof_is_never_wrong(problem, opts):
     if capacity_proof(p, parts):
         ex = solve_exact(p, parts, None)
         assert ex.work is None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), options)
+def test_room_bound_is_the_cheapest_set_that_makes_room_and_inf_when_none_does(problem, opts):
+    """`room_bound` (the heuristic's per-node bound) against every set of a node's movable workloads: inf when
+    no set of at most the move budget makes room (at once, when even all of them together do not: the replay in
+    time asks this of hundreds of nodes per decision), else the cost of the cheapest set that does."""
+    from itertools import combinations
+
+    from gpudefrag.core.capacity import fits_one
+    from gpudefrag.core.planner_heuristic import room_bound
+    from gpudefrag.core.planner_problem import Work
+
+    state, request = problem
+    p = Problem(state, opts)
+    work = Work(p)
+    part = parts_of(state, [request])[0]
+    for i in range(len(state.nodes)):
+        items = [int(w) for w in p.on_node(i) if p.why_not_movable(int(w)) is None]
+        max_size = min(work.moves_left(), opts.max_moves_per_node, len(items))
+        best = float("inf")
+        for k in range(1, max_size + 1):
+            for sub in combinations(items, k):
+                row = [int(x) for x in work.free[i]]
+                cpu, mem = int(work.cpu[i]), int(work.mem[i])
+                for w in sub:
+                    for g in p.ws[w].placements[0].gpus:
+                        row[g] += int(p.milli[w])
+                    cpu += int(p.cpu[w])
+                    mem += int(p.mem[w])
+                if fits_one(row, cpu, mem, part.shape):
+                    best = min(best, sum(float(p.score_lb[w]) for w in sub))
+        got = room_bound(p, work, part, i)
+        assert got == pytest.approx(best) if np.isfinite(best) else got == float("inf")
+
+
+def test_room_bound_of_a_node_that_no_set_can_clear_is_inf_without_trying_thousands():
+    """28 quarter-GPU jobs on seven GPUs and an immovable job on the eighth: no set of moves frees the node for an
+    8-GPU request. The bound is inf (it used to give up after 4,000 of the sets and return the cost reached,
+    a finite bound that sent the planner to clear a node that cannot be cleared)."""
+    from gpudefrag.core.model import Node, Placement, Request, Workload
+    from gpudefrag.core.planner_heuristic import room_bound
+    from gpudefrag.core.planner_problem import Work
+
+    ws = [Workload("pinned", Request(1), placements=(Placement("n0", (0,)),), movable=False)]
+    ws += [Workload(f"q{g}-{k}", Request(1, gpu_milli=250), placements=(Placement("n0", (g,)),))
+           for g in range(1, 8) for k in range(4)]
+    state = ClusterState.build([Node("n0", 8, "H100"), Node("n1", 8, "H100")], ws)
+    p = Problem(state, PlanOptions(max_moves=8, max_moves_per_node=8))
+    assert room_bound(p, Work(p), parts_of(state, [Request(8)])[0], 0) == float("inf")

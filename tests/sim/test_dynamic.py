@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from gpudefrag.core.decision import decide
-from gpudefrag.core.model import ClusterState, Node, Placement, Request, WorkloadState
+from gpudefrag.core.model import MILLI, ClusterState, ModelError, Node, Placement, Request, WorkloadState
 from gpudefrag.core.model import Workload as ModelWorkload
-from gpudefrag.core.placement import Choice, Cluster, Pod
+from gpudefrag.core.placement import Choice, Cluster, Pod, get_policy
 from gpudefrag.core.planner import PlanOptions
 from gpudefrag.sim.costs import checkpoint_bytes
 from gpudefrag.sim.dynamic import Decider, DynamicConfig, simulate
@@ -135,3 +135,62 @@ def test_cluster_to_state_keeps_the_arrays_and_the_background_immovable():
     bg = [w for w in state.workloads if w.id.startswith("background-")]
     assert bg and not any(w.can_move for w in bg)
     assert state.workload("pod-0").can_move
+
+
+def test_to_state_totals_equal_a_fresh_build_and_a_bad_total_is_refused():
+    """`Cluster.to_state` hands the state its usage totals (`ClusterState.from_totals`) instead of summing every
+    workload again: on random placements (shares, whole GPUs, CPU-only pods, CPU and memory tracked or not, a
+    background load) every array equals the one `ClusterState.build` computes from the same workloads."""
+    rng = np.random.default_rng(5)
+    best = get_policy("bestfit")
+    for trial in range(30):
+        nodes = [Node(f"n{i}", int(rng.choice([2, 4, 8])), "G2", cpu_milli=int(rng.choice([0, 64_000])),
+                      memory_mib=int(rng.choice([0, 256_000]))) for i in range(6)]
+        bg = [ModelWorkload("bg", Request(1, 1, 300, 2000), placements=(Placement("n0", (1,)),))]
+        cl = Cluster.from_state(ClusterState.build(nodes, bg))
+        mine = []
+        for k in range(40):
+            gpus = int(rng.choice([0, 1, 1, 2]))
+            share = int(rng.choice([250, 500, 1000])) if gpus == 1 else MILLI
+            pod = Pod(gpus, share if gpus else 0, int(rng.integers(0, 8000)), int(rng.integers(0, 30_000)))
+            ch = best.choose(cl, pod, rng)
+            if ch is None:
+                continue
+            cl.place(pod, ch)
+            mine.append(ModelWorkload(f"pod-{k}", Request(gpus, 1, share, pod.cpu_milli, pod.memory_mib),
+                                      placements=(Placement(f"n{ch.node}", ch.gpus),)))
+        state = cl.to_state(mine, now=5.0)
+        fresh = ClusterState.build(state.nodes, state.workloads, now=5.0)
+        for attr in ("free_milli", "used_milli", "cpu_free", "mem_free", "gpu_counts", "usable_counts"):
+            np.testing.assert_array_equal(getattr(state, attr), getattr(fresh, attr), err_msg=f"{trial} {attr}")
+        np.testing.assert_array_equal(state.free_milli, cl.free)
+    with pytest.raises(ModelError):  # totals that overfill a GPU are refused, not trusted
+        ClusterState.from_totals(state.nodes, state.workloads, state.used_milli + MILLI, np.zeros(6), np.zeros(6))
+
+
+def test_decider_after_no_plan_asks_again_only_when_room_came_back():
+    """With no feasible plan, a start (the cluster version moves, the room version does not) cannot make one:
+    the decision is not asked again until a job ends or moves (room version), the head changes, or the check
+    interval passes; a caller that does not count room (freed None) is asked on every version, as before."""
+    cl = Cluster.build(["a", "b"], [2, 2], ["G2", "G2"], [64_000, 64_000], [0, 0])
+    placed = Placed.for_cluster(cl)
+    big, one = Pod(2, 1000, 8000, 1024), Pod(1, 1000, 8000, 1024)
+    for pod, ch in ((big, Choice(0, (0, 1))), (one, Choice(1, (0,)))):
+        cl.place(pod, ch)
+        placed.add(pod, ch)
+    decider = Decider(cl, placed, _options(DynamicConfig()), 60.0)
+    started = {0: 0.0, 1: 0.0}
+    assert decider.rescue(7, big, 100.0, started, 300.0, version=1, freed=1) is None
+    assert decider.last is not None and not decider.last.feasible and decider.asked == 1
+    assert decider.rescue(7, big, 100.0, started, 310.0, version=2, freed=1) is None
+    assert decider.asked == 1  # only a start since: still no plan, not asked
+    assert decider.rescue(8, big, 100.0, started, 311.0, version=2, freed=1) is None
+    assert decider.asked == 2  # another head job
+    assert decider.rescue(8, big, 100.0, started, 320.0, version=3, freed=2) is None
+    assert decider.asked == 3  # room came back: asked
+    assert decider.rescue(8, big, 100.0, started, 330.0, version=4, freed=2) is None
+    assert decider.asked == 3
+    assert decider.rescue(8, big, 100.0, started, 381.0, version=4, freed=2) is None
+    assert decider.asked == 4  # the check interval passed
+    assert decider.rescue(8, big, 100.0, started, 390.0, version=5) is None
+    assert decider.asked == 5  # no room count: every change asks

@@ -8,7 +8,7 @@ The engines (Slurm, Kubernetes, the simulator) and the snapshot loader produce t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -262,6 +262,28 @@ class ModelError(ValueError):
         self.message = message
 
 
+def _state_arrays(nodes: Sequence[Node], used: np.ndarray, cpu_used: np.ndarray,
+                  mem_used: np.ndarray) -> dict[str, np.ndarray]:
+    """A state's arrays from what its running workloads use (`used`: nodes × GPUs milli-GPU; CPU and memory per
+    node): free share per GPU (-1 where the GPU does not exist or is unusable), free CPU and memory (a huge number
+    where the node does not track it). The one rule of `ClusterState.build` and `ClusterState.from_totals`."""
+    n, g = used.shape
+    counts = np.fromiter((nd.gpu_count for nd in nodes), dtype=np.int32, count=n)
+    usable = np.fromiter((nd.usable_gpus for nd in nodes), dtype=np.int32, count=n)
+    cols = np.arange(g, dtype=np.int32)[None, :]
+    free = np.where(cols < usable[:, None], MILLI - used, -1).astype(np.int32)
+    cpu = np.fromiter((nd.cpu_milli for nd in nodes), dtype=np.int64, count=n)
+    mem = np.fromiter((nd.memory_mib for nd in nodes), dtype=np.int64, count=n)
+    return {
+        "gpu_count": counts,
+        "usable": usable,
+        "used": used,
+        "free": free,
+        "cpu_free": np.where(cpu > 0, cpu - cpu_used, np.iinfo(np.int64).max // 4),
+        "mem_free": np.where(mem > 0, mem - mem_used, np.iinfo(np.int64).max // 4),
+    }
+
+
 @dataclass(frozen=True, eq=False)
 class ClusterState:
     """An immutable picture of a cluster at one instant.
@@ -277,6 +299,36 @@ class ClusterState:
     now: float = 0.0
     name: str = "cluster"
     scheduler: str = ""  # "slurm" | "kubernetes" | "" (unknown): whose pending reasons the workloads carry
+
+    @staticmethod
+    def from_totals(
+        nodes: Sequence[Node],
+        workloads: Iterable[Workload],
+        used: np.ndarray,
+        cpu_used: np.ndarray,
+        mem_used: np.ndarray,
+        *,
+        now: float = 0.0,
+        name: str = "cluster",
+    ) -> ClusterState:
+        """A state whose caller already holds what its running workloads use per GPU and per node (`used`: nodes
+        × GPUs milli-GPU, `cpu_used`, `mem_used`), as the simulator's capacity arrays do (`Cluster.to_state`,
+        asked at every decision of a replay). The arrays are made from those totals by `build`'s own rule
+        (`_state_arrays`) instead of being summed again over thousands of workloads, and the checks are those the
+        totals allow: unique non-empty ids, no GPU over 1000 milli, no CPU or memory over a node's capacity. The
+        caller guarantees that the totals are its workloads' sums (tests/sim/test_dynamic.py compares the two)."""
+        state = ClusterState(nodes=tuple(nodes), workloads=tuple(workloads), now=now, name=name)
+        ids = [w.id for w in state.workloads]
+        if len(set(ids)) != len(ids) or not all(ids):
+            state._validate_exactly()  # names the duplicate or empty id
+        arrays = _state_arrays(state.nodes, np.asarray(used, dtype=np.int32), np.asarray(cpu_used, dtype=np.int64),
+                               np.asarray(mem_used, dtype=np.int64))
+        if ((arrays["used"] > MILLI) | (arrays["used"] < 0)).any() or (arrays["cpu_free"] < 0).any() \
+                or (arrays["mem_free"] < 0).any():
+            state._validate_exactly()  # names the workload that overfills a GPU, CPU or memory
+            raise ModelError("workloads", "the usage totals exceed a node's capacity")
+        state.__dict__["_arrays"] = arrays  # the cached_property's own slot: what `_arrays` would compute
+        return state
 
     @staticmethod
     def build(
@@ -350,9 +402,6 @@ class ClusterState:
     @cached_property
     def _arrays(self) -> dict[str, np.ndarray]:
         n, g = len(self.nodes), max(self.max_gpus, 1)
-        counts = np.fromiter((nd.gpu_count for nd in self.nodes), dtype=np.int32, count=n)
-        usable = np.fromiter((nd.usable_gpus for nd in self.nodes), dtype=np.int32, count=n)
-        cols = np.arange(g, dtype=np.int32)[None, :]
         used = np.zeros((n, g), dtype=np.int32)
         cpu_used = np.zeros(n, dtype=np.int64)
         mem_used = np.zeros(n, dtype=np.int64)
@@ -371,17 +420,7 @@ class ClusterState:
                 shares.extend([share] * len(p.gpus))
         if rows:
             np.add.at(used, (np.asarray(rows), np.asarray(gcols)), np.asarray(shares, dtype=np.int32))
-        free = np.where(cols < usable[:, None], MILLI - used, -1).astype(np.int32)
-        cpu = np.fromiter((nd.cpu_milli for nd in self.nodes), dtype=np.int64, count=n)
-        mem = np.fromiter((nd.memory_mib for nd in self.nodes), dtype=np.int64, count=n)
-        return {
-            "gpu_count": counts,
-            "usable": usable,
-            "used": used,
-            "free": free,
-            "cpu_free": np.where(cpu > 0, cpu - cpu_used, np.iinfo(np.int64).max // 4),
-            "mem_free": np.where(mem > 0, mem - mem_used, np.iinfo(np.int64).max // 4),
-        }
+        return _state_arrays(self.nodes, used, cpu_used, mem_used)
 
     @property
     def free_milli(self) -> np.ndarray:

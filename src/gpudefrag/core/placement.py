@@ -113,17 +113,29 @@ class Cluster(Capacity):
         equal these. CPU or memory not tracked here (`NOT_TRACKED`) is not tracked there either."""
         run = tuple(running)
         n, g = self.free.shape
-        used = np.zeros((n, g), dtype=np.int64)
-        cpu_used = np.zeros(n, dtype=np.int64)
-        mem_used = np.zeros(n, dtype=np.int64)
-        idx = {nm: i for i, nm in enumerate(self.names)}
-        for w in run:
+        idx = self._name_index()
+        rows: list[int] = []
+        cols: list[int] = []
+        shares: list[int] = []
+        at: list[int] = []
+        cpus: list[int] = []
+        mems: list[int] = []
+        for w in run:  # the known workloads' use, summed with NumPy below (a replay asks this thousands of times)
             r = w.request
             for p in w.placements:
                 i = idx[p.node]
-                used[i, list(p.gpus)] += r.gpu_milli
-                cpu_used[i] += r.cpu_milli
-                mem_used[i] += r.memory_mib
+                at.append(i)
+                cpus.append(r.cpu_milli)
+                mems.append(r.memory_mib)
+                rows.extend([i] * len(p.gpus))
+                cols.extend(p.gpus)
+                shares.extend([r.gpu_milli] * len(p.gpus))
+        used = np.bincount(np.asarray(rows, dtype=np.int64) * g + np.asarray(cols, dtype=np.int64),
+                           weights=np.asarray(shares, dtype=np.int64), minlength=n * g).astype(np.int64).reshape(n, g)
+        cpu_used = np.bincount(np.asarray(at, dtype=np.int64), weights=np.asarray(cpus, dtype=np.float64),
+                               minlength=n).astype(np.int64)
+        mem_used = np.bincount(np.asarray(at, dtype=np.int64), weights=np.asarray(mems, dtype=np.float64),
+                               minlength=n).astype(np.int64)
         cpu_tracked = self.cpu_cap < NOT_TRACKED
         mem_tracked = self.mem_free < NOT_TRACKED // 2
         # memory capacity is not kept: what is free plus what the known workloads hold
@@ -131,8 +143,7 @@ class Cluster(Capacity):
         cpu_cap = np.where(cpu_tracked, self.cpu_cap, 0)
         rest_gpu = np.where(self.free >= 0, MILLI - self.free - used, 0)
         rest_cpu = np.where(cpu_tracked, self.cpu_cap - self.cpu_free - cpu_used, 0)
-        nodes = [Node(self.names[i], int(self.gpu_count[i]), self.models[i], cpu_milli=int(cpu_cap[i]),
-                      memory_mib=int(mem_cap[i])) for i in range(n)]
+        nodes = self._state_nodes(cpu_cap, mem_cap)
         bg: list[Workload] = []
         for i, gi in zip(*np.nonzero(rest_gpu > 0), strict=True):
             bg.append(Workload(f"background-{self.names[i]}-gpu{gi}", Request(1, 1, int(rest_gpu[i, gi])),
@@ -141,7 +152,28 @@ class Cluster(Capacity):
         for i in np.flatnonzero(rest_cpu > 0):
             bg.append(Workload(f"background-{self.names[i]}-cpu", Request(0, 1, MILLI, int(rest_cpu[i])),
                                placements=(Placement(self.names[i], ()),), movable=False, movable_reason="other"))
-        return ClusterState.build(nodes, (*run, *bg, *pending), now=now, name=name)
+        # the totals, background included, are what the arrays hold: the state takes them instead of summing again
+        gpu_total = used + np.maximum(rest_gpu, 0)
+        cpu_total = cpu_used + np.maximum(rest_cpu, 0)
+        return ClusterState.from_totals(nodes, (*run, *bg, *pending), gpu_total, cpu_total, mem_used, now=now,
+                                        name=name)
+
+    def _name_index(self) -> dict[str, int]:
+        got = self.__dict__.get("_names_at")
+        if got is None or got[0] is not self.names:
+            got = self.__dict__["_names_at"] = (self.names, {nm: i for i, nm in enumerate(self.names)})
+        return got[1]
+
+    def _state_nodes(self, cpu_cap: np.ndarray, mem_cap: np.ndarray) -> tuple[Node, ...]:
+        """The state's nodes (name, GPUs, model, CPU and memory capacity), made again only when a capacity
+        differs from the last call's (in a replay: never)."""
+        got = self.__dict__.get("_nodes_at")
+        if got is not None and np.array_equal(got[0], cpu_cap) and np.array_equal(got[1], mem_cap):
+            return got[2]  # type: ignore[no-any-return]
+        nodes = tuple(Node(self.names[i], int(self.gpu_count[i]), self.models[i], cpu_milli=int(cpu_cap[i]),
+                           memory_mib=int(mem_cap[i])) for i in range(len(self.names)))
+        self.__dict__["_nodes_at"] = (cpu_cap.copy(), mem_cap.copy(), nodes)
+        return nodes
 
     def copy(self) -> Cluster:  # type: ignore[override]
         c = Cluster(self.names, self.models, self.free, self.cpu_free, self.mem_free, self.cpu_cap, self.mix,

@@ -11,7 +11,7 @@ on the working state, so no workload moves twice and no two parts of one request
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +56,11 @@ def cheapest_subsets(costs: list[float], max_size: int) -> Iterator[tuple[int, .
 def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("inf")) -> float:
     """A lower bound on the score of any plan that lands `part` on node i: the cheapest set of i's movable
     workloads (by their cheapest possible move) whose departure makes room. inf: no such set. Stops early,
-    returning a value >= `bar`, once every set left costs at least `bar`. Plain Python on one node's row."""
+    returning a value >= `bar`, once every set left costs at least `bar`. Plain Python on one node's row.
+
+    Room only grows as workloads leave, so when even all of them together do not make room no set does: inf at
+    once, without enumerating (a node of many small workloads has thousands of sets, and the replay in time asks
+    this of hundreds of nodes per decision)."""
     items = [int(wi) for wi in p.on_node(i) if int(wi) not in work.moved and p.why_not_movable(int(wi)) is None]
     items.sort(key=lambda wi: (p.score_lb[wi], wi))
     costs = [float(p.score_lb[wi]) for wi in items]
@@ -64,21 +68,28 @@ def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("i
     base = [int(x) for x in work.free[i]]
     cpu0, mem0 = int(work.cpu[i]), int(work.mem[i])
     frees = [(p.ws[wi].placements[0].gpus, int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi])) for wi in items]
+    if max_size <= 0 or not fits_one(*_without(base, cpu0, mem0, frees, range(len(frees))), part.shape):
+        return float("inf")
     for k, sub in enumerate(cheapest_subsets(costs, max_size)):
         c = sum(costs[j] for j in sub)
         if c >= bar or k >= SUBSET_LIMIT * 10:
             return c  # every cheaper set was tried and does not make room
-        row = list(base)
-        cpu, mem = cpu0, mem0
-        for j in sub:
-            gs, m, dc, dm = frees[j]
-            for g in gs:
-                row[g] += m
-            cpu += dc
-            mem += dm
-        if fits_one(row, cpu, mem, part.shape):
+        if fits_one(*_without(base, cpu0, mem0, frees, sub), part.shape):
             return c
     return float("inf")
+
+
+def _without(base: list[int], cpu: int, mem: int, frees: list[tuple[tuple[int, ...], int, int, int]],
+             sub: Iterable[int]) -> tuple[list[int], int, int]:
+    """One node's free row, CPU and memory once the workloads `sub` (indices into `frees`) have left it."""
+    row = list(base)
+    for j in sub:
+        gs, m, dc, dm = frees[j]
+        for g in gs:
+            row[g] += m
+        cpu += dc
+        mem += dm
+    return row, cpu, mem
 
 
 def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray,

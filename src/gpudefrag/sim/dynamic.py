@@ -174,6 +174,7 @@ class _Sim:
     lost_gpu_s: float = 0.0
     move_log: list[tuple[float, str, str, str, tuple[int, ...]]] = field(default_factory=list)
     version: int = 0  # bumped whenever a job starts, ends or moves: the decision's input changed
+    freed: int = 0  # bumped whenever room is given back (a job ends, moves or is evicted); a start takes room only
 
     def push(self, t: float, kind: int, arg: int) -> None:
         self.seq += 1
@@ -269,10 +270,13 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         assert decider is not None
         jid = sim.queue[0]
         head = sim.runs[jid]
+        if not decider.wants(jid, sim.now, sim.version, sim.freed):
+            return
         started = {pid: sim.runs[j].started for pid, j in sim.by_pid.items()}
-        choice = decider.rescue(jid, head.job.pod, head.queued_at, started, sim.now, sim.version)
+        choice = decider.rescue(jid, head.job.pod, head.queued_at, started, sim.now, sim.version, sim.freed)
         if choice is None:
             return
+        sim.freed += 1
         sim.queue.pop(0)
         for pid, was, new, down, lost in decider.last_moved:
             sim.stats.moves += 1
@@ -316,6 +320,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
                 placed.drop(pid)
                 start(v.job.id, now_at[1], True)
         sim.version += 1
+        sim.freed += 1
         schedule()
 
     def try_defrag() -> None:
@@ -335,6 +340,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         if choice is None:
             return
         jid = sim.queue.pop(0)
+        sim.freed += 1
         for pid in defrag.last_evicted:
             sim.queue.append(evicted(pid).job.id)
         start(jid, choice, True)
@@ -374,6 +380,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
             cl.remove(pod, ch)
             sim.by_pid.pop(r.pid, None)
             sim.version += 1
+            sim.freed += 1
             r.done = True
             remaining_jobs -= 1
             schedule()
@@ -424,7 +431,8 @@ class Decider:
         self.asked = 0
         self.last: Decision | None = None
         self.last_moved: list[tuple[int, Choice, Choice, float, float]] = []  # pid, from, to, downtime, lost (s)
-        self._seen: tuple[int, int, float] | None = None  # (head job, cluster version, when): "do nothing"
+        # the last "do nothing": head job, cluster version, room version, when, and whether no plan was feasible
+        self._seen: tuple[int, int, int | None, float, bool] | None = None
         self._running: dict[int, tuple[Choice, float, float | None, PlannedWorkload]] = {}  # pid -> workload
 
     def state(self, jid: int, pod: Pod, queued_at: float, started: dict[int, float],
@@ -449,19 +457,32 @@ class Decider:
         head = PlannedWorkload(f"job-{jid}", request_of(pod), WorkloadState.PENDING, submitted_at=queued_at)
         return cl.to_state(running, (head,), now=now, name="dynamic"), head
 
-    def rescue(self, jid: int, pod: Pod, queued_at: float, started: dict[int, float], now: float,
-               version: int) -> Choice | None:
-        """Ask the decision for the head job; apply a chosen, feasible move plan and return where the head job
-        lands (placed already), else None with nothing changed."""
-        self.last_moved = []
+    def wants(self, jid: int, now: float, version: int, freed: int | None = None) -> bool:
+        """Whether the decision is to be asked again for the head job `jid`: not when it last said "do nothing"
+        for the same job less than `recheck_s` ago and, since then, nothing changed (`version`: a job started,
+        ended or moved) — or, when it found no feasible plan, nothing gave room back (`freed`: a job ended, moved
+        or was evicted). A start only takes room: a plan feasible after it would, less the new job's moves, have
+        been feasible before (freeing room never hurts a plan), so "no plan" stays the answer until room comes
+        back or time moves on (prices and heartbeats change with time; the recheck sees to them)."""
         seen = self._seen
-        if seen is not None and seen[:2] == (jid, version) and now - seen[2] < self.recheck_s:
-            return None  # nothing changed since it last said "do nothing", and time has hardly moved
+        if seen is None or seen[0] != jid or now - seen[3] >= self.recheck_s:
+            return True
+        if seen[1] == version:
+            return False
+        return not (seen[4] and freed is not None and seen[2] == freed)
+
+    def rescue(self, jid: int, pod: Pod, queued_at: float, started: dict[int, float], now: float,
+               version: int, freed: int | None = None) -> Choice | None:
+        """Ask the decision for the head job (when `wants` says so); apply a chosen, feasible move plan and return
+        where the head job lands (placed already), else None with nothing changed."""
+        self.last_moved = []
+        if not self.wants(jid, now, version, freed):
+            return None
         state, head = self.state(jid, pod, queued_at, started, now)
         self.asked += 1
         d = self.last = decide(state, head, self.options)
         choice = self._apply(d, pod) if d.chosen == MOVE and d.feasible and d.plan is not None else None
-        self._seen = None if choice is not None else (jid, version, now)
+        self._seen = None if choice is not None else (jid, version, freed, now, not d.feasible)
         return choice
 
     def _apply(self, d: Decision, pod: Pod) -> Choice | None:
