@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpudefrag.cli.main import run
 from gpudefrag.demo import demo_document, demo_state
 from gpudefrag.errors import InputError
-from gpudefrag.snapshot import SCHEMA_PATH, json_schema, load_snapshot, state_to_dict
+from gpudefrag.snapshot import SCHEMA_PATH, json_schema, load_snapshot, read_careful, read_fast, state_to_dict
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -201,3 +201,66 @@ def test_real_process_exit_code(tmp_path):
     r = subprocess.run([str(exe), "diagnose", str(p)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and str(p) in r.stderr and "line 1" in r.stderr
+
+
+# ------------------------------------------------------------------------------------ the fast reader
+def _outcome(read, raw: bytes):  # type: ignore[no-untyped-def]
+    """What a reader makes of `raw`: ("state", document), ("error", message), or ("refused", None) (fast only)."""
+    try:
+        state = read(raw, "snap.json")
+    except InputError as e:
+        return "error", (e.where, e.message)
+    return ("refused", None) if state is None else ("state", state_to_dict(state))
+
+
+# the bounds of the format's fields, either side: where a mirror that lost a constraint would differ
+_EDGES = [0, 1, 1000, 1001, 1024, 1025, 100_000, 100_001, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**40 + 1,
+          2**53, 2**53 + 1, 10**11, 10**11 + 1, 2**63, 2**64]
+EDGE_VALUES = (st.sampled_from(_EDGES + [-e for e in _EDGES]) | st.sampled_from([1e11, 1.0, -1e11, 1e11 + 1e-3])
+               | st.text(min_size=252, max_size=254) | st.sampled_from(["", "3g.40gb", "nvidia.com/mig-7g.80gb"]))
+
+
+@settings(SETTINGS, max_examples=150)
+@given(data=st.data())
+def test_the_fast_reader_accepts_exactly_what_the_careful_one_does(data):
+    """The msgspec mirror (typed_json) is a fast path only: a document it accepts reads as the same cluster as
+    through pydantic; one the careful reader refuses, it refuses too (or fails with the same message); and it
+    refuses nothing the careful reader accepts (that would only be slow, but says the mirror drifted)."""
+    doc = demo_document()
+    doc["nodes"][0]["mig_devices"] = {"nvidia.com/mig-1g.10gb": 2, "1g.10gb": 1}
+    doc["workloads"][2]["mig_profile"] = "mig-1g.10gb"
+    paths = [p for p in _paths(doc) if p]
+    path = data.draw(st.sampled_from(paths))
+    value = data.draw(JSON_VALUES | EDGE_VALUES)
+    target = doc
+    for k in path[:-1]:
+        target = target[k]
+    target[path[-1]] = value
+    raw = json.dumps(doc).encode()
+    fast, careful = _outcome(read_fast, raw), _outcome(read_careful, raw)
+    if fast[0] == "refused":
+        assert careful[0] == "error", (path, value, careful)
+    else:
+        assert fast == careful, (path, value)
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ('{"nodes": [{"name": "n", "gpus": 1}], "now": 1, "now": 2}', "now"),
+    ('{"nodes": [{"name": "n", "gpus": 1, "gpus": 2}]}', "nodes[0].gpus"),
+    ('{"nodes": [{"name": "n", "gpus": 1, "labels": {"a": "x", "a": "y"}}]}', "nodes[0].labels.a"),
+])
+def test_a_repeated_key_is_refused_by_both_readers(text: str, where: str):
+    raw = text.encode()
+    assert read_fast(raw, "snap.json") is None  # msgspec alone keeps the last one, silently
+    with pytest.raises(InputError, match="duplicate key") as e:
+        read_careful(raw, "snap.json")
+    assert e.value.where == where
+
+
+def test_an_escaped_colon_is_read_like_a_plain_one():
+    """The duplicate check counts ':' outside and inside strings; a ':' written as \\u003a would miscount, so
+    such a document takes the careful path, and reads the same."""
+    plain = b'{"nodes": [{"name": "n", "gpus": 1, "labels": {"a": "x:y"}}]}'
+    escaped = plain.replace(b"x:y", b"x\\u003ay")
+    assert read_fast(escaped, "snap.json") is None
+    assert state_to_dict(read_careful(escaped, "snap.json")) == state_to_dict(read_fast(plain, "snap.json"))
