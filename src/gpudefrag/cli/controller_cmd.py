@@ -49,23 +49,31 @@ def _remember(journal: Path) -> None:
         pass
 
 
-def _find_journal(journal: Path | None) -> Path:
-    """--journal / $GPUDEFRAG_JOURNAL; else the default path when it exists; else the journal the last
-    controller this user ran kept; else one error saying where it looked and what to pass."""
-    if journal is not None:
-        return journal
+def known_journal() -> Path | None:
+    """The journal a controller run here keeps: the default path when it exists, else the one the last controller
+    this user ran said it keeps (`migrations` and the dashboard read the same), else None."""
     default = _journal_path(None)
     if default.exists():
         return default
     try:
         hint = Path(_pointer().read_text().strip())
     except OSError:
-        hint = None
-    if hint is not None and hint.is_file():
-        return hint
-    raise fail(f"no journal at {default} (the default), and no controller run here said where its journal is: "
-               "pass --journal PATH (what the controller was given) or set GPUDEFRAG_JOURNAL; for the controller "
-               "in the cluster: kubectl -n gpudefrag exec deploy/gpudefrag-controller -- gpudefrag migrations")
+        return None
+    return hint if hint.is_file() else None
+
+
+def _find_journal(journal: Path | None) -> Path:
+    """--journal / $GPUDEFRAG_JOURNAL; else the journal a controller run here keeps; else one error saying where
+    it looked and what to pass."""
+    if journal is not None:
+        return journal
+    found = known_journal()
+    if found is not None:
+        return found
+    raise fail(f"no journal at {_journal_path(None)} (the default), and no controller run here said where its "
+               "journal is: pass --journal PATH (what the controller was given) or set GPUDEFRAG_JOURNAL; for the "
+               "controller in the cluster: kubectl -n gpudefrag exec deploy/gpudefrag-controller -- gpudefrag "
+               "migrations")
 
 
 def controller(

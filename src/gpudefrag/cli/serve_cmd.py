@@ -35,8 +35,9 @@ def serve(
     enable_actions: bool = typer.Option(False, "--enable-actions",
                                         help="Allow apply-plan and checkpoint (needs --token-file)"),
     token_file: Path = typer.Option(None, "--token-file", help="File holding the bearer token for actions"),
-    journal: Path = typer.Option(None, "--journal", help="Migration journal (SQLite) to show the history of "
-                                 "(default for live engines: the controller's, if present)"),
+    journal: Path = typer.Option(None, "--journal", envvar="GPUDEFRAG_JOURNAL",
+                                 help="Migration journal (SQLite) to show the history of (default for live engines: "
+                                 "the controller's, found as `migrations` finds it)"),
     check: bool = typer.Option(False, "--check", help="Validate the options and the cluster, print, and exit"),
     policy: Path = typer.Option(None, "--policy", help="Policy file: the plan preview uses its filter, budget "
                                 "and compatibility rule (as `gpudefrag plan --policy`)"),
@@ -90,11 +91,11 @@ def serve_state(state: ClusterState, *, port: int = DEFAULT_PORT) -> None:
 
 
 def _default_journal() -> Path | None:
-    """The controller's journal where `gpudefrag controller` keeps it by default, if it is there."""
-    from .controller_cmd import DEFAULT_STATE_DIR
+    """The controller's journal, found as `migrations` finds it: the default path, else the one the last controller
+    run here kept (a controller given --journal elsewhere), else none."""
+    from .controller_cmd import known_journal
 
-    path = DEFAULT_STATE_DIR / "journal.db"
-    return path if path.is_file() else None
+    return known_journal()
 
 
 def _token(path: Path) -> str:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,11 @@ def by_app(lab: KubeLab, app: str, ns: str = "ml") -> list[dict[str, Any]]:
     return [p for p in lab.pods(ns) if (p["metadata"].get("labels") or {}).get("app") == app]
 
 
-def fragmented(lab: KubeLab) -> dict[str, str]:
+def fragmented(lab: KubeLab, before_pending: Callable[[KubeLab], None] | None = None) -> dict[str, str]:
     """Three 8-GPU nodes, 10 GPUs free but at most 4 on one node; an 8-GPU pod pending. Only gpu-node-1 can be
     emptied: a StatefulSet pod (never moved) sits on gpu-node-0 and a 6-GPU pod (over the policy) on gpu-node-2.
-    Returns the uid of every running pod by app."""
+    `before_pending` adds to the cluster before the 8-GPU pod is created (a node added after it would be where
+    the scheduler binds it). Returns the uid of every running pod by app."""
     lab.nodes(*(gpu_node(f"gpu-node-{i}") for i in range(3)))
     lab.namespaces("ml")
     lab.create(
@@ -59,6 +61,8 @@ def fragmented(lab: KubeLab) -> dict[str, str]:
              state=lambda: lab.pod_states("ml"))
     lab.wait("the PDB to count the healthy pod", lambda: lab.get("pdb", "web-embed", ns="ml")["status"]
              .get("currentHealthy") == 1)
+    if before_pending is not None:
+        before_pending(lab)
     lab.create(gpu_pod("train-8g", 8))
     lab.scheduled_or_refused("ml", ["train-8g"])
     return {a: by_app(lab, a)[0]["metadata"]["uid"] for a in apps}
