@@ -28,7 +28,15 @@ def test_the_deployed_controller_moves_a_pod_with_its_state(kube_nodes: KubeNode
     e2e = _e2e()
     lab = e2e.Lab(kube_nodes.lab.dir)
     image = kube_nodes.push_gpudefrag_image()
-    out = e2e.scenario(lab, tmp_path, image)
+    try:
+        out = e2e.scenario(lab, tmp_path, image)
+    finally:
+        # the package's other tests share these nodes: no deployed controller or agents left to act on them
+        if (tmp_path / "overlay").is_dir():
+            lab.kubectl("delete", "-k", str(tmp_path / "overlay"), "--wait=false", "--ignore-not-found", check=False)
+        for ns in ("ml", "other"):
+            lab.kubectl("-n", ns, "delete", "pods", "--all", "--grace-period=0", "--wait=false", check=False)
+        lab.kubectl("delete", "node", "kwok-0", "--ignore-not-found", check=False)
     print(json.dumps(out))
     assert out["moved"], out
     assert out["by"].startswith("gpudefrag-controller-")
