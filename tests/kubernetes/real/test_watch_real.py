@@ -128,6 +128,19 @@ def test_an_expired_resource_version_relists_and_recovers(cache: tuple[KubeLab, 
     got = same_as_a_fresh_list(lab, c)
     assert "ml/b" not in got.pods and "ml/after" in got.pods
     assert feed.connected
+    # A server that keeps expiring the watch is not listed in a loop: each relist within a minute of the last
+    # waits first, twice as long each time (retry_s, 2 x retry_s, ... up to 30 s).
+    waited = []
+    for _ in range(2):
+        before, last = feed.relists, feed.last_relist
+        lab.wait("the watch connected", lambda: feed.connected)
+        feed.rv = old
+        c._close(feed)
+        lab.wait("the pods relist again", lambda: feed.relists > before, timeout=30)  # noqa: B023
+        waited.append((feed.backoff, feed.last_relist - last))
+    assert [b for b, _ in waited] == [c.retry_s, 2 * c.retry_s], waited
+    assert all(gap >= b for b, gap in waited), waited
+    assert "ml/after" in same_as_a_fresh_list(lab, c).pods
 
 
 def test_the_cache_survives_an_api_server_restart(cache: tuple[KubeLab, WatchCache]) -> None:
