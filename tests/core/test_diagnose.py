@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpudefrag.core.diagnose import CauseCode as C
 from gpudefrag.core.diagnose import diagnose_all, diagnose_request
 from gpudefrag.core.model import Request
@@ -268,3 +272,65 @@ def test_fragmentation_evidence_names_only_nodes_whose_jobs_the_planner_may_move
     assert "(e.g. a)" in d.primary.summary
     (d2,) = diagnose_all(s, ["big"], movable=lambda w: False)
     assert "no node can be cleared by moving the jobs the planner may move" in d2.primary.summary
+
+
+# ------------------------------------------------------------------------ moves to clear a node (evidence)
+def _moves_by_hand(state, r, candidates, whole, may_move):  # type: ignore[no-untyped-def]
+    """The count node by node, as the evidence defines it: the node's movable single-node jobs (the filter says
+    yes, not as large as the request), largest first, until the request's GPUs, CPU and memory are there."""
+    from gpudefrag.core.diagnose import _as_large
+
+    out = []
+    for i in np.flatnonzero(candidates):
+        n = state.nodes[i]
+        jobs = sorted(((len(p.gpus), w.request.cpu_milli, w.request.memory_mib) for w in state.workloads_on[n.name]
+                       if w.can_move and (may_move is None or may_move(w)) and not _as_large(w.request, r)
+                       for p in w.placements if p.node == n.name), reverse=True)
+        need = (r.gpus_per_node - int(whole[i]) if r.gpu_milli >= 1000 else 0,
+                r.cpu_milli - int(state.cpu_free[i]), r.memory_mib - int(state.mem_free[i]))
+        got, k = [0, 0, 0], 0
+        for job in jobs:
+            if all(g >= x for g, x in zip(got, need, strict=True)) and (k or r.gpu_milli >= 1000):
+                break
+            got, k = [g + x for g, x in zip(got, job, strict=True)], k + 1
+        if k and all(g >= x for g, x in zip(got, need, strict=True)):
+            out.append((k, n.name))
+    return sorted(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 10**6), gpus=st.integers(1, 8), milli=st.sampled_from([1000, 500, 250]),
+       cpu=st.sampled_from([0, 8000, 64000]), filtered=st.booleans())
+def test_the_moves_to_clear_each_node_are_counted_as_by_hand(seed, gpus, milli, cpu, filtered):
+    """The vectorised count (all nodes at once) equals the node-by-node definition on random clusters: whole
+    and shared GPUs, CPU, immovable, multi-node and filtered-out jobs."""
+    import random
+
+    from gpudefrag.core.diagnose import _Context, _moves_to_clear
+    from gpudefrag.core.model import ClusterState, Node, Placement, Workload
+
+    rng = random.Random(seed)
+    nodes = [Node(f"n{i}", 8, "H100", cpu_milli=rng.choice([0, 64000, 128000])) for i in range(rng.randint(1, 12))]
+    wls = []
+    for nd in nodes:
+        g = 0
+        while g < 8 and rng.random() < 0.8:
+            k = min(rng.choice([1, 1, 2, 4]), 8 - g)
+            wls.append(Workload(f"w{len(wls)}", Request(k, cpu_milli=rng.choice([0, 4000, 16000]),
+                                                        node_count=1),
+                                placements=(Placement(nd.name, tuple(range(g, g + k))),),
+                                movable=rng.random() < 0.85, namespace=rng.choice(["a", "b"])))
+            g += k
+    if len(nodes) > 1 and rng.random() < 0.5:  # a multi-node job over two nodes' last GPU, when free
+        free0 = {i for i in range(8)} - {x for w in wls for p in w.placements if p.node == "n0" for x in p.gpus}
+        free1 = {i for i in range(8)} - {x for w in wls for p in w.placements if p.node == "n1" for x in p.gpus}
+        if free0 and free1:
+            wls.append(Workload("multi", Request(1, node_count=2), placements=(
+                Placement("n0", (min(free0),)), Placement("n1", (min(free1),)))))
+    state = ClusterState.build(nodes, wls)
+    r = Request(gpus if milli == 1000 else 1, gpu_milli=milli, cpu_milli=cpu)
+    candidates = np.array([rng.random() < 0.8 for _ in nodes])
+    whole = _Context(state).whole
+    may_move = (lambda w: w.namespace == "a") if filtered else None
+    assert _moves_to_clear(state, r, candidates, whole, may_move) == _moves_by_hand(state, r, candidates, whole,
+                                                                                    may_move)
