@@ -22,9 +22,9 @@ def test_the_controller_knows_when_the_next_pending_job_is_due(state: ClusterSta
     c = Controller(sim, pol, None, dry_run=True, clock=lambda: sim.now)
     c.cycle()
     assert c.next_due == big.submitted_at + 30  # not the next tick of a timer
-    assert pending_due(state, big.submitted_at + 31, pol) is None  # already due: the trigger looked at it
-    assert pending_due(state, 0.0, parse_policy({"trigger": {"pending": None}})) is None
-    assert pending_due(state, 0.0, parse_policy({"trigger": {"pending": {"min_gpus": 64}}})) is None
+    assert pending_due(state, big.submitted_at + 31, pol.trigger) is None  # already due: the trigger looked at it
+    assert pending_due(state, 0.0, parse_policy({"trigger": {"pending": None}}).trigger) is None
+    assert pending_due(state, 0.0, parse_policy({"trigger": {"pending": {"min_gpus": 64}}}).trigger) is None
 
 
 class Watching:

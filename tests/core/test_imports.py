@@ -19,7 +19,8 @@ PKG = "gpudefrag"
 # core ← policy ← checkpoint / engines / sim ← control ← web / cli (a package may import any lower layer).
 # jobside (the job-side protocol: environment names, spool, job folder, tickets, statuses) sits below both the
 # backends and the code that runs inside a job (job.py, wrapper.py), so neither imports the other to learn it.
-LAYER = {"errors": 0, "fileio": 0, "typed_json": 0, "core": 0,
+# registry (the one registry shape: cause checks, triggers, engines, checkpoint backends) sits with core.
+LAYER = {"errors": 0, "fileio": 0, "typed_json": 0, "registry": 0, "core": 0,
          "snapshot": 1, "policy": 1, "jobside": 1, "render": 1,
          "checkpoint": 2, "engines": 2, "sim": 2, "demo": 2,
          "control": 3, "job": 3, "wrapper": 3,

@@ -1,59 +1,67 @@
-"""Checkpoint backends as a registry: a name (the CLI's `--backend`, a manifest's `backend`) maps to one builder
-with the keyword arguments it accepts, as engines do (`gpudefrag.engines.registry`). Each builder imports its
-backend only when asked for: the CUDA one needs cuda-bindings, which a CRIU-only host does not have."""
+"""The checkpoint backends (the CLI's `--backend`, a manifest's `backend`) as one `gpudefrag.registry.Registry`:
+a name maps to one builder and its typed arguments, as engines do. Each builder imports its backend only when
+asked for: the CUDA one needs cuda-bindings, which a CRIU-only host does not have."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
 
+from pydantic import Field
+
+from ..registry import Args, Registry
 from .protocol import UNAVAILABLE, CheckpointBackend, CheckpointError
 
 BackendBuilder = Callable[..., CheckpointBackend]
-_BACKENDS: dict[str, tuple[BackendBuilder, frozenset[str]]] = {}
-
-
-def register_backend(name: str, args: Iterable[str] = ()) -> Callable[[BackendBuilder], BackendBuilder]:
-    """Register a backend builder under `name`, with the keyword arguments it accepts."""
-
-    def register(fn: BackendBuilder) -> BackendBuilder:
-        _BACKENDS[name] = (fn, frozenset(args))
-        return fn
-
-    return register
+BACKENDS: Registry[BackendBuilder] = Registry("checkpoint backend",
+                                              error=lambda msg: CheckpointError(UNAVAILABLE, msg))
 
 
 def backend_names() -> tuple[str, ...]:
-    return tuple(_BACKENDS)
+    return BACKENDS.names()
 
 
 def backend_for(name: str, **kw: Any) -> CheckpointBackend:
     """The backend registered as `name`; an unknown name or argument is a CheckpointError(unavailable) naming it."""
-    if name not in _BACKENDS:
-        raise CheckpointError(UNAVAILABLE, f"unknown checkpoint backend {name!r} ({', '.join(_BACKENDS)})")
-    fn, allowed = _BACKENDS[name]
-    bad = sorted(set(kw) - allowed)
-    if bad:
-        raise CheckpointError(UNAVAILABLE, f"checkpoint backend {name!r} takes no argument(s) {', '.join(bad)}; "
-                              f"it takes {sorted(allowed)}")
-    return fn(**kw)
+    backend: CheckpointBackend = BACKENDS.build(name, **kw)
+    return backend
 
 
-@register_backend("criu", args=("criu_bin", "log_dir", "log_level", "keep_logs"))
+class CriuArgs(Args):
+    """CRIU's settings (unset or None: the backend's own defaults)."""
+
+    criu_bin: str | None = None
+    log_dir: Path | None = None
+    log_level: Annotated[int, Field(ge=0, le=4)] | None = None
+    keep_logs: bool | None = None
+
+
+class CudaArgs(CriuArgs):
+    lock_timeout_ms: Annotated[int, Field(ge=0)] | None = None
+
+
+class AppArgs(Args):
+    spool: Path | None = None
+    signum: int | None = None
+    timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+
+
+@BACKENDS.register("criu", CriuArgs)
 def _criu(**kw: Any) -> CheckpointBackend:
     from .criu import CriuBackend
 
     return CriuBackend(**kw)
 
 
-@register_backend("cuda", args=("criu_bin", "log_dir", "log_level", "keep_logs", "lock_timeout_ms"))
+@BACKENDS.register("cuda", CudaArgs)
 def _cuda(**kw: Any) -> CheckpointBackend:
     from .cuda import CudaBackend
 
     return CudaBackend(**kw)
 
 
-@register_backend("app", args=("spool", "signum", "timeout_s"))
+@BACKENDS.register("app", AppArgs)
 def _app(**kw: Any) -> CheckpointBackend:
     from .app_hook import AppHookBackend
 

@@ -98,7 +98,8 @@ class Controller:
         self.next_due: float | None = None  # when a pending job becomes old enough for the trigger (clock time)
 
     def request(self) -> None:
-        """An explicit request (CLI/API): the next cycle evaluates the policy as if a trigger fired."""
+        """An explicit request (`controller --once`, a `--request-file` appearing): the next cycle evaluates the
+        policy as if a trigger fired."""
         self._requested = True
 
     # ------------------------------------------------------------------ one cycle
@@ -283,10 +284,10 @@ class Controller:
         cron = tr.cron_due(self._last_cron, now)
         if tr.cron is not None:
             self._last_cron = now if self._last_cron is None or cron else self._last_cron
-        ctx = TriggerContext(state, now, self.policy, requested=requested, cron_due=cron,
-                             plan_anyway=self.plan_anyway)
+        ctx = TriggerContext(state, now, tr, self.policy.budgets.max_plans_per_cycle, requested=requested,
+                             cron_due=cron, plan_anyway=self.plan_anyway)
         targets = evaluate(ctx)
-        self.next_due = pending_due(state, now, self.policy)
+        self.next_due = pending_due(state, now, tr)
         decisions.extend(CycleEvent(kind, reason, detail) for kind, reason, detail in ctx.notes)
         return targets
 

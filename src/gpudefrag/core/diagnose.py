@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..registry import Registry
 from .capacity import Shape, gpus_fit
 from .fragmentation import (
     capacity_fits,
@@ -217,18 +218,14 @@ class Facts:
 
 Check = Callable[[Facts, list[Cause]], Iterable[Cause]]
 
-# (code, check) in the order they run; the last one (the capacity verdict) reads what the others found.
-CAUSE_CHECKS: list[tuple[CauseCode, Check]] = []
+# The checks in the order they run, each under its cause code (`gpudefrag.registry`: the one registry shape);
+# the last one (the capacity verdict) reads what the others found.
+CAUSE_CHECKS: Registry[Check] = Registry("cause check")
 
 
 def cause_check(code: CauseCode) -> Callable[[Check], Check]:
     """Register a cause check under its code, after those already registered."""
-
-    def register(fn: Check) -> Check:
-        CAUSE_CHECKS.append((code, fn))
-        return fn
-
-    return register
+    return CAUSE_CHECKS.register(code.value)
 
 
 # ---------------------------------------------------------------------------------------------- the checks
@@ -722,8 +719,8 @@ def diagnose_request(
     """Run every registered check in order; the causes come out sorted by code (ordinary first)."""
     facts = Facts(state, r, _ctx or _Context(state), namespace, scheduler_reason, movable, workload_id)
     causes: list[Cause] = []
-    for _code, check in CAUSE_CHECKS:
-        causes.extend(check(facts, causes))
+    for entry in CAUSE_CHECKS:
+        causes.extend(entry.fn(facts, causes))
     if not causes:
         causes.append(Cause(CauseCode.INSUFFICIENT_GPUS, "no node may run this request", {"free_gpus": 0}))
     causes = _dedupe(causes)

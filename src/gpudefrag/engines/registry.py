@@ -1,55 +1,45 @@
-"""Engine factories as a registry: a name (the CLI's `--engine`) maps to one builder with validated arguments,
-descheduler-style. Each builder imports its engine only when asked for, so `gpudefrag` does not load the
+"""The engines (the CLI's `--engine`) as one `gpudefrag.registry.Registry`: a name maps to one builder and its
+typed arguments. Each builder imports its engine only when asked for, so `gpudefrag` does not load the
 Kubernetes client to run Slurm."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
+from pydantic import InstanceOf
+
 from ..core.model import ClusterState
+from ..registry import Args, Registry
 from .base import Engine
 
 EngineBuilder = Callable[..., Engine]
-_ENGINES: dict[str, tuple[EngineBuilder, frozenset[str]]] = {}
-
-
-def register_engine(name: str, args: Iterable[str] = ()) -> Callable[[EngineBuilder], EngineBuilder]:
-    """Register an engine factory under `name`, with the keyword arguments it accepts (descheduler-style: a name
-    in the configuration maps to one builder, whose arguments are checked before it runs)."""
-
-    def register(fn: EngineBuilder) -> EngineBuilder:
-        _ENGINES[name] = (fn, frozenset(args))
-        return fn
-
-    return register
+ENGINES: Registry[EngineBuilder] = Registry("engine")
 
 
 def engine_names() -> tuple[str, ...]:
-    return tuple(_ENGINES)
+    return ENGINES.names()
 
 
 def make_engine(name: str, **kwargs: Any) -> Engine:
     """Build the engine registered as `name`. Unknown names and arguments are ValueErrors naming them; an
     argument given as None is left to the builder's default."""
-    if name not in _ENGINES:
-        raise ValueError(f"unknown engine {name!r}; known: {', '.join(_ENGINES)}")
-    fn, allowed = _ENGINES[name]
-    given = {k: v for k, v in kwargs.items() if v is not None}
-    bad = sorted(set(given) - allowed)
-    if bad:
-        raise ValueError(f"engine {name!r} takes no argument(s) {', '.join(bad)}; it takes {sorted(allowed)}")
-    return fn(**given)
+    engine: Engine = ENGINES.build(name, **kwargs)
+    return engine
 
 
-@register_engine("slurm")
+@ENGINES.register("slurm")
 def _slurm() -> Engine:
     from .slurm import SlurmEngine  # each engine's dependencies load only when it is asked for
 
     return SlurmEngine()  # type: ignore[return-value]
 
 
-@register_engine("kubernetes", args=("context",))
+class KubernetesArgs(Args):
+    context: str | None = None  # the kubeconfig context (default: the current one)
+
+
+@ENGINES.register("kubernetes", KubernetesArgs)
 def _kubernetes(context: str | None = None) -> Engine:
     from .kubernetes import KubernetesEngine
 
@@ -57,7 +47,11 @@ def _kubernetes(context: str | None = None) -> Engine:
     return KubernetesEngine(context=context, watch=True)  # type: ignore[return-value]
 
 
-@register_engine("sim", args=("state",))
+class SimArgs(Args):
+    state: InstanceOf[ClusterState] | None = None  # the simulated cluster (--snapshot FILE)
+
+
+@ENGINES.register("sim", SimArgs)
 def _sim(state: ClusterState | None = None) -> Engine:
     from .sim import SimEngine
 

@@ -1,7 +1,8 @@
 """A policy: when to act (trigger), on which jobs (filter), what to do (action), and how much at once (budgets).
 
 One YAML file is the operator's whole mental model of the controller (the descheduler's lesson). Models are
-strict: an unknown key is a typo and an error, never a silently ignored setting.
+strict: an unknown key is a typo and an error, never a silently ignored setting. The `trigger:` section is made
+of each trigger's own settings, which live beside the trigger in `policy.triggers`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from croniter import croniter
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..core.model import Workload
+from .base import PosSeconds, Strict, cron_expression
+from .triggers import PendingTrigger, Trigger
+
+__all__ = ["Action", "Budgets", "Compat", "Filter", "Heartbeat", "PendingTrigger", "Policy", "PosSeconds", "Strict",
+           "Trigger", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
@@ -42,64 +48,16 @@ def parse_size(v: object) -> int:
     return int(n)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-PosSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-class PendingTrigger(_Strict):
-    """A GPU job pending longer than `longer_than_s` whose diagnosed cause is fragmentation alone."""
-
-    longer_than_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 60.0
-    min_gpus: Annotated[int, Field(ge=1)] = 1  # only requests at least this large
-
-
-def _fires(cron: str | None) -> str | None:
-    """A valid cron expression that can never fire ('0 0 30 2 *') would fail every later evaluation."""
-    if cron is not None:
-        try:
-            croniter(cron, datetime(2000, 1, 1)).get_next(float)  # a leap year: '29 2' fires
-        except (ValueError, KeyError) as e:
-            raise ValueError(f"cron expression {cron!r} never fires") from e
-    return cron
-
-
-class Trigger(_Strict):
-    pending: PendingTrigger | None = PendingTrigger()
-    fragmentation_above: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
-    cron: str | None = None
-    on_request: bool = True  # `gpudefrag controller request` / the HTTP API may start a cycle
-    # move jobs even for a pending job an ordinary cause keeps waiting (held, a limit, a quota): moves that cannot
-    # start it. Never the default; `controller --plan-anyway` asks the same for one run
-    plan_anyway: bool = False
-
-    @field_validator("cron")
-    @classmethod
-    def _cron_ok(cls, v: str | None) -> str | None:
-        if v is not None and not croniter.is_valid(v):
-            raise ValueError(f"not a cron expression: {v!r} (five fields, e.g. '*/15 * * * *')")
-        return _fires(v)
-
-    def cron_due(self, last: float | None, now: float) -> bool:
-        """True when a cron fire time lies in (last, now]; the first evaluation only arms the schedule."""
-        if self.cron is None or last is None:
-            return False
-        nxt = croniter(self.cron, datetime.fromtimestamp(last)).get_next(float)
-        return nxt <= now
-
-
-class Filter(_Strict):
+class Filter(Strict):
     """Which running jobs may be moved. Every set field must match; an empty list means 'any'."""
 
-    partitions: list[str] = []
-    users: list[str] = []
-    accounts: list[str] = []  # Slurm account / Kubernetes namespace
-    names: list[str] = []  # glob patterns on the job name
-    comments: list[str] = []  # glob patterns on the Slurm comment (label `slurm.comment`)
-    labels: dict[str, str] = {}  # all must be present with these values
-    exclude_labels: dict[str, str] = {}  # any present with this value excludes the job
+    partitions: list[str] = Field(default_factory=list)
+    users: list[str] = Field(default_factory=list)
+    accounts: list[str] = Field(default_factory=list)  # Slurm account / Kubernetes namespace
+    names: list[str] = Field(default_factory=list)  # glob patterns on the job name
+    comments: list[str] = Field(default_factory=list)  # glob patterns on the Slurm comment (label `slurm.comment`)
+    labels: dict[str, str] = Field(default_factory=dict)  # all must be present with these values
+    exclude_labels: dict[str, str] = Field(default_factory=dict)  # any present with this value excludes the job
     max_priority: int | None = None  # only jobs whose priority is <= this
     max_gpus: Annotated[int, Field(ge=1)] | None = None
     max_checkpoint_size: int | None = None  # bytes; YAML may say "64GiB"
@@ -143,7 +101,7 @@ class Filter(_Strict):
         return None
 
 
-class Heartbeat(_Strict):
+class Heartbeat(Strict):
     """Scheduled checkpoints so that a later move (or a crash) loses little work."""
 
     every_s: PosSeconds | None = None
@@ -153,9 +111,7 @@ class Heartbeat(_Strict):
     @field_validator("cron")
     @classmethod
     def _cron_ok(cls, v: str | None) -> str | None:
-        if v is not None and not croniter.is_valid(v):
-            raise ValueError(f"not a cron expression: {v!r}")
-        return _fires(v)
+        return cron_expression(v)
 
     @model_validator(mode="after")
     def _one(self) -> Heartbeat:
@@ -172,7 +128,7 @@ class Heartbeat(_Strict):
         return False
 
 
-class Action(_Strict):
+class Action(Strict):
     """`migrate`: checkpoint, move, restore. `never`: observe and report only. `fallback: evict` lets a move
     whose checkpoint fails go on as an eviction (the job restarts on the target from its last good checkpoint
     or from zero, with the reason recorded) instead of rolling back; it must be asked for explicitly."""
@@ -183,7 +139,7 @@ class Action(_Strict):
     backend: Literal["criu", "cuda", "app"] = "criu"
 
 
-class Budgets(_Strict):
+class Budgets(Strict):
     """The disruption budget."""
 
     max_concurrent: Annotated[int, Field(ge=1)] = 2  # migrations in flight, cluster-wide
@@ -198,7 +154,7 @@ class Budgets(_Strict):
 Rule = Literal["exact", "minor", "major", "at-least", "any"]
 
 
-class Compat(_Strict):
+class Compat(Strict):
     """The one compatibility rule (`gpudefrag.core.compat`): how each version a checkpoint records must relate
     to what the target node offers. The planner and the restore path both apply it."""
 
@@ -213,7 +169,7 @@ class Compat(_Strict):
     strict: bool = False
 
 
-class Policy(_Strict):
+class Policy(Strict):
     name: str = "default"
     trigger: Trigger = Trigger()
     filter: Filter = Filter()

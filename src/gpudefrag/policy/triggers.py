@@ -1,4 +1,5 @@
-"""The policy's triggers as a registry: one function per trigger, registered in order with its name.
+"""The policy's triggers as one registry (`gpudefrag.registry`): one function per trigger, registered in order
+with its name and its settings, which live here beside it and make up the policy file's `trigger:` section.
 
 A trigger looks at the cluster (and what the triggers before it found) and returns the targets it wants placed:
 a pending workload whose decision is "fragmentation alone", or a whole free node (cron schedule, explicit
@@ -10,12 +11,68 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any
 
-from ..core.decision import decide_all
-from ..core.fragmentation import frag_report
+from croniter import croniter
+from pydantic import Field, field_validator
+
 from ..core.model import ClusterState, Request
-from .models import Policy
+from ..registry import Registry
+from .base import Strict, cron_expression
+
+TriggerFn = Callable[["TriggerContext", list["Target"]], list["Target"]]
+TRIGGERS: Registry[TriggerFn] = Registry("trigger")
+
+
+# ------------------------------------------------------------------------------- each trigger's settings
+class PendingTrigger(Strict):
+    """A GPU job pending longer than `longer_than_s` whose diagnosed cause is fragmentation alone."""
+
+    longer_than_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 60.0
+    min_gpus: Annotated[int, Field(ge=1)] = 1  # only requests at least this large
+
+
+class PendingSettings(Strict):
+    """`trigger.pending`: the pending trigger's settings (null turns it off)."""
+
+    pending: PendingTrigger | None = PendingTrigger()
+
+
+class ScheduledSettings(Strict):
+    """`trigger.cron` and `trigger.on_request`: when the scheduled trigger frees a whole node."""
+
+    cron: str | None = None
+    # an explicit request may start a cycle: `gpudefrag controller --once`, or the file named by `--request-file`
+    # appearing
+    on_request: bool = True
+
+    @field_validator("cron")
+    @classmethod
+    def _cron_ok(cls, v: str | None) -> str | None:
+        return cron_expression(v)
+
+    def cron_due(self, last: float | None, now: float) -> bool:
+        """True when a cron fire time lies in (last, now]; the first evaluation only arms the schedule."""
+        if self.cron is None or last is None:
+            return False
+        nxt = croniter(self.cron, datetime.fromtimestamp(last)).get_next(float)
+        return nxt <= now
+
+
+class FragmentationSettings(Strict):
+    """`trigger.fragmentation_above`: the FGD ratio above which a whole node is freed (the scheduled trigger
+    also reads it: below it, a cron fire or a request does nothing)."""
+
+    fragmentation_above: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+
+
+class Trigger(FragmentationSettings, ScheduledSettings, PendingSettings):  # fields: pending, cron, ...
+    """The policy file's `trigger:` section: every registered trigger's settings, and `plan_anyway`."""
+
+    # move jobs even for a pending job an ordinary cause keeps waiting (held, a limit, a quota): moves that cannot
+    # start it. Never the default; `controller --plan-anyway` asks the same for one run
+    plan_anyway: bool = False
 
 
 @dataclass(frozen=True)
@@ -32,7 +89,8 @@ class Target:
 class TriggerContext:
     state: ClusterState
     now: float
-    policy: Policy
+    trigger: Trigger  # the policy's `trigger:` section
+    max_plans_per_cycle: int = 1  # the policy's budgets.max_plans_per_cycle
     requested: bool = False  # an explicit request (CLI / API) arrived since the last cycle
     cron_due: bool = False  # the cron schedule fired since the last cycle
     plan_anyway: bool = False  # asked in so many words (`--plan-anyway`): move even for a job a hold/limit blocks
@@ -46,6 +104,8 @@ class TriggerContext:
     def fragmentation(self) -> float:
         """The cluster's FGD fragmentation ratio (computed once, when a trigger asks)."""
         if self._frag is None:
+            from ..core.fragmentation import frag_report  # loaded when used: the policy file's models import this
+
             self._frag = frag_report(self.state).fgd_ratio
         return self._frag
 
@@ -55,7 +115,7 @@ class TriggerContext:
     @property
     def anyway(self) -> bool:
         """Plan even for jobs an ordinary cause blocks: only when asked in so many words (CLI or policy)."""
-        return self.plan_anyway or self.policy.trigger.plan_anyway
+        return self.plan_anyway or self.trigger.plan_anyway
 
     def blocked_pending(self) -> list[str]:
         """When every pending GPU job is kept waiting by an ordinary cause (held, a limit, a quota), those jobs
@@ -64,6 +124,8 @@ class TriggerContext:
         ids = [w.id for w in self.state.pending if w.request.gpus_per_node > 0 or w.request.mig_profile is not None]
         if not ids:
             return []
+        from ..core.decision import decide_all  # loaded when used: the policy file's models import this module
+
         out = []
         for c in decide_all(self.state, ids, plan=False):
             if not c.blocked_by:
@@ -87,38 +149,31 @@ class TriggerContext:
         return True
 
 
-TriggerFn = Callable[[TriggerContext, list[Target]], list[Target]]
-TRIGGERS: list[tuple[str, TriggerFn]] = []
-
-
-def trigger(name: str) -> Callable[[TriggerFn], TriggerFn]:
-    """Register a trigger under `name`, after those already registered."""
-
-    def register(fn: TriggerFn) -> TriggerFn:
-        TRIGGERS.append((name, fn))
-        return fn
-
-    return register
+def trigger(name: str, settings: type[Strict]) -> Callable[[TriggerFn], TriggerFn]:
+    """Register a trigger under `name`, after those already registered, with the settings it reads."""
+    return TRIGGERS.register(name, settings)
 
 
 def evaluate(ctx: TriggerContext) -> list[Target]:
     """Every registered trigger in order; the targets they want placed."""
     found: list[Target] = []
-    for _name, fn in TRIGGERS:
-        found.extend(fn(ctx, found))
+    for entry in TRIGGERS:
+        found.extend(entry.fn(ctx, found))
     return found
 
 
-@trigger("pending")
+@trigger("pending", PendingSettings)
 def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target]:
     """Up to `max_plans_per_cycle` pending GPU jobs, oldest first, that waited long enough and whose decision is
     "fragmentation alone" (the scheduler's own reason is part of the diagnosis, for every engine). Jobs an
     ordinary cause keeps waiting are noted with their causes and skipped. Diagnosis stops once enough are found
     (the rest wait for later cycles)."""
-    pt = ctx.policy.trigger.pending
+    from ..core.decision import decide_all
+
+    pt = ctx.trigger.pending
     if pt is None:
         return []
-    limit = ctx.policy.budgets.max_plans_per_cycle
+    limit = ctx.max_plans_per_cycle
     waited: dict[str, float] = {}
     for w in ctx.state.pending:
         if w.request.gpus_per_node < pt.min_gpus and w.request.mig_profile is None:
@@ -156,11 +211,11 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
     return out
 
 
-def pending_due(state: ClusterState, now: float, policy: Policy) -> float | None:
+def pending_due(state: ClusterState, now: float, trigger: Trigger) -> float | None:
     """When the pending trigger will next have a job old enough to look at (the earliest `submitted_at +
     longer_than_s` still in the future), or None: a controller that is woken by changes sleeps until then, so
     a job's decision comes when the policy says, not at the next tick of a timer."""
-    pt = policy.trigger.pending
+    pt = trigger.pending
     if pt is None:
         return None
     due = [w.submitted_at + pt.longer_than_s for w in state.pending
@@ -169,11 +224,11 @@ def pending_due(state: ClusterState, now: float, policy: Policy) -> float | None
     return min(due, default=None)
 
 
-@trigger("scheduled")
+@trigger("scheduled", ScheduledSettings)
 def cron_or_request(ctx: TriggerContext, found: list[Target]) -> list[Target]:
     """The cron schedule or an explicit request: free a whole node — unless fragmentation is below the policy's
     threshold, or a pending job already gets a plan this cycle."""
-    tr = ctx.policy.trigger
+    tr = ctx.trigger
     if found or not (ctx.cron_due or (ctx.requested and tr.on_request)):
         return []
     why = "cron schedule" if ctx.cron_due else "explicit request"
@@ -187,10 +242,10 @@ def cron_or_request(ctx: TriggerContext, found: list[Target]) -> list[Target]:
     return [t]
 
 
-@trigger("fragmentation-above")
+@trigger("fragmentation-above", FragmentationSettings)
 def fragmentation_above(ctx: TriggerContext, found: list[Target]) -> list[Target]:
     """Without a cron schedule, fragmentation above the threshold frees a whole node at once."""
-    tr = ctx.policy.trigger
+    tr = ctx.trigger
     if found or tr.fragmentation_above is None or tr.cron is not None:
         return []
     if ctx.cron_due or (ctx.requested and tr.on_request):  # the scheduled trigger decided already
