@@ -194,3 +194,27 @@ def test_decider_after_no_plan_asks_again_only_when_room_came_back():
     assert decider.asked == 4  # the check interval passed
     assert decider.rescue(8, big, 100.0, started, 390.0, version=5) is None
     assert decider.asked == 5  # no room count: every change asks
+
+
+def test_decider_plans_anyway_when_the_policy_says_so():
+    """A 2-GPU pod whose GPUs are free on a but whose CPU a CPU-only pod holds: the decision calls that an ordinary
+    cause (cpu-or-memory) and plans nothing, unless the policy's `trigger.plan_anyway` asks for moves anyway —
+    then the CPU-only pod moves to b and the pod starts on a (a replayed policy file is replayed as written)."""
+    def setup() -> tuple[Cluster, Placed]:
+        cl = Cluster.build(["a", "b"], [2, 2], ["G2", "G2"], [16_000, 16_000], [0, 0])
+        placed = Placed.for_cluster(cl)
+        for pod, ch in ((Pod(0, 0, 12_000, 0), Choice(0, ())), (Pod(2, 1000, 2_000, 0), Choice(1, (0, 1)))):
+            cl.place(pod, ch)
+            placed.add(pod, ch)
+        return cl, placed
+
+    big = Pod(2, 1000, 8_000, 0)
+    cl, placed = setup()
+    plain = Decider(cl, placed, _options(DynamicConfig()), 60.0)
+    assert plain.rescue(9, big, 0.0, {0: 0.0, 1: 0.0}, 400.0, version=1, freed=1) is None
+    assert [c.code.value for c in plain.last.blocked_by] == ["cpu-or-memory"] and plain.last.plan is None
+    cl, placed = setup()
+    anyway = Decider(cl, placed, _options(DynamicConfig()), 60.0, plan_anyway=True)
+    got = anyway.rescue(9, big, 0.0, {0: 0.0, 1: 0.0}, 400.0, version=1, freed=1)
+    assert got == Choice(0, (0, 1)) and [p for p, *_ in anyway.last_moved] == [0]
+    assert placed.pods[0][1].node == 1

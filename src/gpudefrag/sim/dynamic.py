@@ -214,7 +214,8 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
     elif cfg.defrag == "migrate" and not cfg.pooled:
         heartbeat = cfg.product.action.heartbeat if cfg.product is not None else None
         decider = Decider(cl, placed, migrate_options(cfg, sim.cost), cfg.check_every_s,
-                          heartbeat.every_s if heartbeat is not None else None)
+                          heartbeat.every_s if heartbeat is not None else None,
+                          plan_anyway=cfg.product is not None and cfg.product.trigger.plan_anyway)
     elif cfg.defrag not in ("none", "evict", "migrate", "deschedule"):
         raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict | deschedule)")
     for j in wl.jobs:
@@ -424,8 +425,9 @@ class Decider:
     the arrays with the capacity model's own `place`/`remove` (one statement: all or nothing)."""
 
     def __init__(self, cl: Cluster, placed: Placed, options: PlanOptions, recheck_s: float = 60.0,
-                 heartbeat_s: float | None = None) -> None:
+                 heartbeat_s: float | None = None, plan_anyway: bool = False) -> None:
         self.cl, self.placed, self.options, self.recheck_s = cl, placed, options, recheck_s
+        self.plan_anyway = plan_anyway  # the policy's trigger.plan_anyway: plan although an ordinary cause blocks
         self.heartbeat_s = heartbeat_s  # the policy's heartbeat checkpoints: every so many seconds of a job's run
         self.node_index = {n: i for i, n in enumerate(cl.names)}
         self.asked = 0
@@ -480,7 +482,7 @@ class Decider:
             return None
         state, head = self.state(jid, pod, queued_at, started, now)
         self.asked += 1
-        d = self.last = decide(state, head, self.options)
+        d = self.last = decide(state, head, self.options, plan_anyway=self.plan_anyway)
         choice = self._apply(d, pod) if d.chosen == MOVE and d.feasible and d.plan is not None else None
         self._seen = None if choice is not None else (jid, version, freed, now, not d.feasible)
         return choice
