@@ -27,6 +27,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from . import fileio
+
 _SCALARS = (int, float, str, bool)
 
 
@@ -120,18 +122,13 @@ def _decoder(struct: type[msgspec.Struct]) -> msgspec.json.Decoder[Any]:
 
 
 def decode(raw: bytes, struct: type[msgspec.Struct]) -> Any | None:
-    """The typed value of `raw`, or None when msgspec refuses it or an object in it repeats a key (the caller
-    then takes the careful path for the message). The duplicate check is exact and costs a re-encode: every
-    key is followed by one ':' outside strings, so dropping a repeated key (msgspec keeps the last) leaves the
-    canonical re-encoding with fewer ':' than the input, unless the input spells a ':' as an escape."""
-    try:
-        doc = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    if b"\\u003a" in raw or b"\\u003A" in raw or raw.count(b":") != msgspec.json.encode(doc).count(b":"):
+    """The typed value of `raw`, or None when msgspec refuses it, or fileio's guards would (a repeated key,
+    malformed JSON: `fileio.fast_json`); the caller then takes the careful path for the message. Integers need no
+    digit check here: every integer field of a mirrored model is bounded."""
+    doc = fileio.fast_json(raw, bounded_ints=False)
+    if doc is fileio.REFUSED:
         return None
     try:
         return msgspec.convert(doc, struct)
     except msgspec.ValidationError:
         return None
-

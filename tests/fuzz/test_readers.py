@@ -253,3 +253,37 @@ def test_a_hostile_autoscaler_status_is_unreadable_not_a_crash(text: str) -> Non
     from gpudefrag.engines.kubernetes.autoscaler import _parse_yaml
 
     assert _parse_yaml(text) is None
+
+
+# ---------------------------------------------------------------------------------------------- the fast parse
+def _careful(raw: bytes) -> Any:
+    """The guarded `json` parse alone (what parse_json ran before the fast path), or the InputError's message."""
+    from gpudefrag import fileio
+
+    try:
+        return ("doc", json.loads(fileio.decode_text(raw, "x"), object_pairs_hook=fileio._pairs,
+                                  parse_constant=fileio._constant, parse_int=fileio.bounded_int,
+                                  parse_float=fileio.finite_float))
+    except (ValueError, RecursionError, InputError) as e:
+        return ("refused", type(e).__name__)
+
+
+@PROPS
+@given(data=st.data())
+def test_the_fast_parse_returns_the_careful_parse_or_steps_aside(data: st.DataObject) -> None:
+    """fileio.fast_json (msgspec) returns exactly what the guarded parse returns, or REFUSED where that parse
+    refuses (it then names the place): hostile tokens anywhere in each reader's document, repeated keys, BOMs."""
+    from gpudefrag import fileio
+
+    doc = data.draw(st.sampled_from([snapshot_doc, dump_doc, policy_doc, cost_doc]), label="doc")()
+    where = data.draw(st.sampled_from(list(paths(doc))), label="where")
+    token = data.draw(st.sampled_from(JSON_TOKENS) | st.sampled_from(
+        ['"x:y"', '"x\\u003ay"', "9223372036854775807", "-9223372036854775808", "1.5e-300", '"\\u00e9"',
+         '{"b": 1, "c": {"b": 2, "b": 3}}', "[1, 2.5, true, null]"]), label="token")
+    raw = with_token(doc, where, token).encode()
+    if data.draw(st.booleans(), label="bom"):
+        raw = b"\xef\xbb\xbf" + raw
+    fast, careful = fileio.fast_json(fileio.drop_bom(raw)), _careful(raw)
+    if fast is fileio.REFUSED:
+        return  # the careful parse speaks (it may also accept: a ':' spelled as an escape, a 19-digit literal)
+    assert careful == ("doc", fast), (where, token[:40])
