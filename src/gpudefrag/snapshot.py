@@ -84,6 +84,10 @@ class VersionsIn(_Strict):
     kernel: str | None = None
     checkpointer: str | None = None
 
+    def to_versions(self) -> Versions:
+        """The model's versions (the checkpoint manifest's compatibility record reads its own through this)."""
+        return Versions(self.gpu_model, self.gpu_count, self.driver, self.cuda, self.engine, self.model,
+                        self.cpu_arch, self.kernel, self.checkpointer)
 
 
 class NodeIn(_Strict):
