@@ -252,6 +252,9 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
                 used[(p.node, g)] = used.get((p.node, g), 0) + w.gpu_milli
     workloads: list[Workload] = []
     states = {s.value: s for s in WorkloadState}
+    # Requests are frozen values: the workloads of one plain shape (no model list, selector or toleration) share
+    # one, as 50,000 jobs of a snapshot share a few dozen shapes (one object built instead of each).
+    shapes: dict[tuple[object, ...], Request] = {}
     for i, w in enumerate(snap.workloads):
         placements: list[Placement] = []
         for j, p in enumerate(w.placements):
@@ -269,11 +272,18 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
                 )
             placements.append(Placement(p.node, gpus))
         v = w.versions
-        request = Request(
-            w.gpus_per_node, w.node_count, w.gpu_milli if w.gpus_per_node else MILLI, w.cpu_milli, w.memory_mib,
-            tuple(w.gpu_models), dict(w.node_selector),
-            tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in w.tolerations) if w.tolerations else (),
-            w.partition, None if w.mig_profile is None else mig_profile(w.mig_profile))
+        milli = w.gpu_milli if w.gpus_per_node else MILLI
+        plain = not (w.gpu_models or w.node_selector or w.tolerations)
+        shape = (w.gpus_per_node, w.node_count, milli, w.cpu_milli, w.memory_mib, w.partition, w.mig_profile)
+        request = shapes.get(shape) if plain else None
+        if request is None:
+            request = Request(
+                w.gpus_per_node, w.node_count, milli, w.cpu_milli, w.memory_mib, tuple(w.gpu_models),
+                dict(w.node_selector),
+                tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in w.tolerations) if w.tolerations
+                else (), w.partition, None if w.mig_profile is None else mig_profile(w.mig_profile))
+            if plain:
+                shapes[shape] = request
         workloads.append(Workload(
             w.id, request, states[w.state], w.name, w.namespace, w.user, w.priority, dict(w.labels),
             tuple(placements), w.checkpoint_bytes, w.last_checkpoint_at, w.submitted_at, w.started_at,
