@@ -16,16 +16,12 @@ from rich.table import Table
 
 from ..checkpoint.protocol import CheckpointError
 from ..checkpoint.store import CheckpointStore, default_key_path, default_store_root
-from .common import JsonOpt, console, emit_json, err_console, fail
+from .common import JsonOpt, KeyOpt, StoreOpt, console, emit_json, err_console, fail
 
 checkpoints_app = typer.Typer(help="List, verify and garbage-collect stored checkpoints.", no_args_is_help=True)
 
-StoreOpt = typer.Option(None, "--store", help="Checkpoint store folder [env GPUDEFRAG_STORE; "
-                        "default /var/lib/gpudefrag/checkpoints]")
 keys_app = typer.Typer(help="The store's signing key.", no_args_is_help=True)
 
-KeyOpt = typer.Option(None, "--key", help="Signing key file, root-only (0600); only `checkpoint` and `keys init` "
-                      "create it [env GPUDEFRAG_KEY; default /etc/gpudefrag/checkpoint.key]")
 
 
 def register(app: typer.Typer) -> None:

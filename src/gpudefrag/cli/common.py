@@ -15,6 +15,22 @@ err_console = Console(stderr=True, highlight=False)
 
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 
+# The options every command that plans, moves or reads checkpoints shares, declared once so each means the same
+# everywhere: the same policy file gives the same settings (`policy.options`: filter, budgets, planner limit,
+# compatibility rule, triggers, heartbeat) and the same cost file the same prices in `plan`, `diagnose`, `serve`,
+# `kube plan`, `controller` and `run`; --store is always the one folder of signed checkpoints that `run` and
+# `checkpoint` write and the others read.
+PolicyOpt = typer.Option(None, "--policy", help="Policy file (YAML: trigger, filter, action, budgets, compat); "
+                         "the same file gives the same settings in every command [default: the built-in policy]")
+CostsOpt = typer.Option(None, "--costs", help="Cost file (JSON/YAML): bandwidths in GB/s, per-pair links, measured "
+                        "migrations (docs/planner.md) [default: the built-in costs]")
+StoreOpt = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="The checkpoint store: the folder of signed "
+                        "checkpoints that `run` and `checkpoint` write (default /var/lib/gpudefrag/checkpoints) and "
+                        "`controller`, `serve`, `restore` and --slurm read (sizes, ages, verification; only when "
+                        "given)")
+KeyOpt = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="The store's signing key, root-only (0600); only "
+                      "`checkpoint` and `keys init` create it [default /etc/gpudefrag/checkpoint.key]")
+
 
 def emit_json(doc: Any) -> None:
     """JSON to stdout (plain, not through Rich, so it stays parseable when piped)."""

@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import JsonOpt, console, emit_json, fail
+from .common import CostsOpt, JsonOpt, KeyOpt, PolicyOpt, StoreOpt, console, emit_json, fail
 
 DEFAULT_STATE_DIR = Path(os.environ.get("GPUDEFRAG_STATE_DIR", "/var/lib/gpudefrag"))
 
@@ -77,7 +77,7 @@ def _find_journal(journal: Path | None) -> Path:
 
 
 def controller(
-    policy: Path = typer.Option(..., "--policy", help="Policy file (YAML)"),
+    policy: Path = PolicyOpt,
     engine: str = typer.Option("slurm", "--engine", help="slurm | kubernetes | sim"),
     context: str = typer.Option(None, "--context", help="--engine kubernetes: kubeconfig context (default: "
                                 "in-cluster, else the current context)"),
@@ -93,8 +93,8 @@ def controller(
                                  help="SQLite journal (default $GPUDEFRAG_STATE_DIR/journal.db)"),
     run_dir: Path = typer.Option(None, "--run-dir", envvar="GPUDEFRAG_RUN_DIR",
                                  help="Shared directory the job wrappers use"),
-    store: Path = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="Checkpoint store root"),
-    key: Path = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="Store signing key"),
+    store: Path = StoreOpt,
+    key: Path = KeyOpt,
     registry: str = typer.Option(None, "--registry", envvar="GPUDEFRAG_REGISTRY",
                                  help="--engine kubernetes: the registry the node agents push checkpoint images "
                                  "to (http(s)://host:port); each image is checked there, by digest and signature "
@@ -103,7 +103,7 @@ def controller(
                                       help="The registry's name in image references (default: --registry's "
                                       "host:port); only images named so are accepted"),
     snapshot: Path = typer.Option(None, "--snapshot", help="--engine sim: the cluster to simulate"),
-    costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
+    costs: Path = CostsOpt,
     lease_namespace: str = typer.Option("default", "--lease-namespace", envvar="POD_NAMESPACE",
                                         help="--engine kubernetes: the namespace of the Lease "
                                         "(gpudefrag-controller) that makes this the cluster's only controller"),
@@ -114,16 +114,17 @@ def controller(
     json_out: bool = JsonOpt,
 ) -> None:
     """Watch the cluster and move jobs as the policy says; every decision is printed with its reason."""
-    from ..policy import load_policy
+    from ..policy.options import load_inputs
 
-    pol = load_policy(policy)  # a malformed policy: one error naming the field, exit 2, nothing started
+    if policy is None:  # the controller acts: what it may do is never left to the built-in default
+        raise fail("controller needs --policy FILE (what triggers a move, which jobs may move, the budgets)")
+    # a malformed policy or cost file: one error naming the field, exit 2, nothing started
+    inputs = load_inputs(policy, costs)
+    pol = inputs.policy
     from ..control.controller import Controller, enrich_from_store
-    from ..control.executor import Executor, ExecutorConfig, crash_hook_from_env
+    from ..control.executor import Executor, crash_hook_from_env
     from ..control.journal import Journal
     from ..engines.registry import engine_names, make_engine
-    from ..policy.costs import load_cost_model
-
-    cost_model = load_cost_model(costs) if costs is not None else None
     if engine not in engine_names():
         raise fail(f"--engine must be {', '.join(engine_names())}, not {engine!r}")
     if engine == "sim" and snapshot is None:
@@ -174,14 +175,11 @@ def controller(
         kj.claim()  # one controller per journal, for its whole life
         _remember(kj.path)
         from ..engines.kubernetes.moves import MoveOptions
-        from ..policy.options import compat_rule
 
-        cfg = ExecutorConfig.from_policy(pol)
+        cfg = inputs.executor
         # the move-time compatibility check applies the policy's rule, the one the planner used; an image the
         # target cannot restore is refused, or started cold when the policy says `fallback: evict`
-        opts = MoveOptions(ready_timeout_s=cfg.restore_timeout_s, compat=compat_rule(pol),
-                           checkpoint_timeout_s=cfg.checkpoint_timeout_s,
-                           on_incompatible="cold-start" if pol.action.fallback == "evict" else "refuse")
+        opts = MoveOptions.from_inputs(inputs)
         verify = None
         if registry is not None:
             from ..checkpoint.keys import load_key
@@ -210,7 +208,7 @@ def controller(
 
             assert run_dir is not None
             agent = FileAgent(run_dir, st, signal=lambda wid: eng.signal(wid, "USR2", batch=True))
-        executor = Executor(eng, agent, j, ExecutorConfig.from_policy(pol), log=log)
+        executor = Executor(eng, agent, j, inputs.executor, log=log)
         if executor.active():
             log(f"resuming {len(executor.active())} migration(s) from {j.path}")
     can: Callable[[Any], bool] | None = None
@@ -224,7 +222,7 @@ def controller(
 
     ctl = Controller(eng, pol, executor, dry_run=dry_run, log=log,
                      enrich=enrich_from_store(st) if st is not None else None, request_file=request_file,
-                     can_checkpoint=can, costs=cost_model, plan_anyway=plan_anyway)
+                     can_checkpoint=can, costs=inputs.costs, plan_anyway=plan_anyway)
     if once:
         ctl.request()
 

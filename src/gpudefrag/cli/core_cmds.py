@@ -17,8 +17,8 @@ from ..core.model import MILLI, ClusterState, Request
 from ..demo import demo_document, demo_state
 from ..render import gpu_map, histogram_line, legend
 from ..snapshot import json_schema, load_snapshot, write_json_atomic
-from .common import JsonOpt, console, emit_json, fail
-from .slurm_cmds import KeyOpt, RunDirOpt, StoreOpt, live_slurm
+from .common import JsonOpt, KeyOpt, PolicyOpt, StoreOpt, console, emit_json, fail
+from .slurm_cmds import RunDirOpt, live_slurm
 
 snapshot_app = typer.Typer(help="Work with snapshot files (the JSON/YAML picture of a cluster).", no_args_is_help=True)
 
@@ -121,8 +121,7 @@ def diagnose(
     context: str = typer.Option(None, "--context", help="kubeconfig context (implies --kube)"),
     slurm: bool = typer.Option(False, "--slurm", help="Read the live Slurm cluster (SLURM_CONF) through the Slurm "
                                "engine, as the controller does"),
-    policy: Path = typer.Option(None, "--policy", help="Policy file: its filter decides which jobs the evidence "
-                                "may count as movable (the controller's)"),
+    policy: Path = PolicyOpt,
     run_dir: Path = RunDirOpt,
     store: Path = StoreOpt,
     key: Path = KeyOpt,

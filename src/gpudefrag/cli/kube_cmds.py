@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..snapshot import state_to_dict, write_json_atomic
-from .common import JsonOpt, console, emit_json, fail
+from .common import CostsOpt, JsonOpt, PolicyOpt, console, emit_json, fail
 from .core_cmds import print_diagnosis
 
 if TYPE_CHECKING:  # the Kubernetes client loads only when a kube command runs, not with every `gpudefrag`
@@ -118,9 +118,8 @@ def kube_plan(
     move: list[str] = typer.Option(None, "--move", help="WORKLOAD=NODE: build this move instead of planning "
                                    "(repeatable)"),
     checkpoint: str = typer.Option("auto", "--checkpoint", help="auto | kubelet | app"),
-    policy: Path = typer.Option(None, "--policy", help="Policy file (filter, disruption budget, compatibility "
-                                "rule), as for `gpudefrag plan`"),
-    costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
+    policy: Path = PolicyOpt,
+    costs: Path = CostsOpt,
     plan_anyway: bool = typer.Option(False, "--plan-anyway", help="Plan even when an ordinary cause keeps the "
                                      "pod waiting"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Run the operations against an in-memory copy of the "
@@ -171,7 +170,7 @@ def kube_plan(
                 console.print(f"[red]no plan[/] for {escape(wid)}: {escape(decision.reason)}")
             raise typer.Exit(1)
         moves = list(decision.plan.moves)
-    seqs = build_moves(cluster, moves, MoveOptions(checkpoint=checkpoint, compat=inputs.compat), budget)
+    seqs = build_moves(cluster, moves, MoveOptions.from_inputs(inputs, checkpoint=checkpoint), budget)
     results = []
     if dry_run and all(s.ok for s in seqs):
         api = InMemoryApi(cluster)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from .common import console, fail
+from .common import KeyOpt, console, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +23,7 @@ def node_agent(
     registry_name: str = typer.Option(None, "--registry-name", envvar="GPUDEFRAG_REGISTRY_NAME",
                                       help="The registry's name in image references, as the nodes pull them "
                                       "(default: --registry's host:port)"),
-    key: Path = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="The store's signing key"),
+    key: Path = KeyOpt,
     host_root: Path = typer.Option(Path("/"), "--host-root", help="Where the node's filesystem is mounted (the "
                                    "kubelet's archive paths are read under it)"),
     kubelet: str = typer.Option(None, "--kubelet", help="Kubelet URL (default: the node's InternalIP and the "

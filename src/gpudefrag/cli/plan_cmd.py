@@ -18,8 +18,8 @@ from ..core.planner import Plan, PlanOptions, placements_state
 from ..policy.options import load_inputs, plan_options
 from ..render import gpu_map, legend, workload_tags
 from ..snapshot import load_snapshot
-from .common import JsonOpt, console, emit_json, fail
-from .slurm_cmds import KeyOpt, RunDirOpt, StoreOpt, live_slurm
+from .common import CostsOpt, JsonOpt, KeyOpt, PolicyOpt, StoreOpt, console, emit_json, fail
+from .slurm_cmds import RunDirOpt, live_slurm
 
 
 def register(app: typer.Typer) -> None:
@@ -74,10 +74,8 @@ def plan(
     gpus: int = typer.Option(None, "--gpus", help="Plan for a hypothetical request of this many GPUs (>= 1)"),
     model: str = typer.Option(None, "--model", help="GPU model of the hypothetical request"),
     share: int = typer.Option(MILLI, "--share", help="Per-GPU share of the hypothetical request, milli-GPU"),
-    policy: Path = typer.Option(None, "--policy", help="Policy file: filter, move budget, planner time limit, "
-                                "compatibility rule (the controller's)"),
-    costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML): bandwidths in GB/s, per-pair links, "
-                               "measured migrations (see docs/planner.md)"),
+    policy: Path = PolicyOpt,
+    costs: Path = CostsOpt,
     plan_anyway: bool = typer.Option(False, "--plan-anyway", help="Plan even when an ordinary cause (quota, "
                                      "hold, limit...) keeps the job waiting"),
     max_moves: int = typer.Option(None, "--max-moves", min=0, help="At most this many moves (default: policy, 8)"),

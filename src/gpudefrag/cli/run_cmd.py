@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .common import fail
+from .common import KeyOpt, PolicyOpt, StoreOpt, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -17,9 +17,9 @@ def run(
     ctx: typer.Context,
     run_dir: Path = typer.Option(None, "--run-dir", envvar="GPUDEFRAG_RUN_DIR",
                                  help="Shared directory for request, ticket and status files"),
-    store: Path = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="Checkpoint store root (shared)"),
-    key: Path = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="Store signing key"),
-    policy: Path = typer.Option(None, "--policy", help="Policy file: its action.heartbeat sets the schedule"),
+    store: Path = StoreOpt,
+    key: Path = KeyOpt,
+    policy: Path = PolicyOpt,
     heartbeat_every: float = typer.Option(None, "--heartbeat-every", help="Heartbeat checkpoint period (s)"),
     workload_id: str = typer.Option(None, "--workload-id", help="Default: $SLURM_JOB_ID"),
     user: str = typer.Option(None, "--user", help="The job's user (name or uid): the workload runs as it, "

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from ..core.model import ClusterState
 from ..errors import InputError
-from .common import JsonOpt, console, emit_json, fail
+from .common import CostsOpt, JsonOpt, KeyOpt, PolicyOpt, StoreOpt, console, emit_json, fail
 
 
 class EngineName(StrEnum):
@@ -39,13 +39,10 @@ def serve(
                                  help="Migration journal (SQLite) to show the history of (default for live engines: "
                                  "the controller's, found as `migrations` finds it)"),
     check: bool = typer.Option(False, "--check", help="Validate the options and the cluster, print, and exit"),
-    policy: Path = typer.Option(None, "--policy", help="Policy file: the plan preview uses its filter, budget "
-                                "and compatibility rule (as `gpudefrag plan --policy`)"),
-    costs: Path = typer.Option(None, "--costs", help="Cost file (JSON/YAML), as for `gpudefrag plan`"),
-    store: Path = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="Checkpoint store: each job's newest "
-                               "checkpoint (size, time) for the checkpoint metrics and the move prices, as the "
-                               "controller reads it"),
-    key: Path = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="The store's key (with --store)"),
+    policy: Path = PolicyOpt,
+    costs: Path = CostsOpt,
+    store: Path = StoreOpt,
+    key: Path = KeyOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Serve the dashboard: GPU map, pending jobs with their diagnosis, plan preview, history, /metrics."""

@@ -17,7 +17,7 @@ from rich.markup import escape
 from ..core.model import ClusterState
 from ..core.planner import PlanOptions
 from ..engines.base import EngineError
-from .common import JsonOpt, console, emit_json, fail
+from .common import JsonOpt, KeyOpt, StoreOpt, console, emit_json, fail
 
 slurm_app = typer.Typer(help="The live Slurm cluster (SLURM_CONF selects it).", no_args_is_help=True)
 
@@ -74,8 +74,6 @@ def live_slurm(policy: Path | None = None, run_dir: Path | None = None, store: P
 
 RunDirOpt = typer.Option(None, "--run-dir", envvar="GPUDEFRAG_RUN_DIR",
                          help="--slurm: the wrappers' shared directory (only jobs under `gpudefrag run` may move)")
-StoreOpt = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="--slurm: checkpoint store (sizes, ages)")
-KeyOpt = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="--slurm: the store's key")
 
 
 @slurm_app.command("snapshot")

@@ -25,6 +25,7 @@ import numpy as np
 from ..core.fragmentation import fits_mask
 from ..engines.base import Engine, EngineError, JobPhase
 from ..jobside.messages import CkptState, RunPhase, Ticket
+from ..policy.options import ExecutorConfig
 from .agent import Agent
 from .journal import Journal, Migration
 from .journal import MigrationState as S
@@ -46,22 +47,6 @@ class MoveLike(Protocol):
     workload_id: str
     source: str
     target: str
-
-
-@dataclass(frozen=True)
-class ExecutorConfig:
-    max_concurrent: int = 2
-    max_per_node: int = 1
-    max_per_hour: int | None = None
-    checkpoint_timeout_s: float = 300.0
-    restore_timeout_s: float = 300.0
-    fallback: str = "rollback"  # "evict": a failed checkpoint restarts the job on the target instead
-
-    @staticmethod
-    def from_policy(policy: Any) -> ExecutorConfig:
-        b = policy.budgets
-        return ExecutorConfig(b.max_concurrent, b.max_per_node, b.max_per_hour, b.checkpoint_timeout_s,
-                              b.restore_timeout_s, policy.action.fallback)
 
 
 @dataclass(frozen=True)

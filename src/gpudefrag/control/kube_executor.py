@@ -29,7 +29,8 @@ class KubeMoveExecutor(BudgetedExecutor):
                  log: Callable[[str], None] | None = None) -> None:
         super().__init__(journal, config, clock=clock, log=log)
         self.engine = engine
-        self.options = options or MoveOptions(ready_timeout_s=self.config.restore_timeout_s)
+        self.options = options or MoveOptions(ready_timeout_s=self.config.restore_timeout_s,
+                                              checkpoint_timeout_s=self.config.checkpoint_timeout_s)
         self.moves = JournaledMoves(SequenceRunner(engine.api, verify_image=verify_image, compat=self.options.compat,
                                              sleep=sleep),
                                     journal)

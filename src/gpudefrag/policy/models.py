@@ -16,6 +16,7 @@ from croniter import croniter
 from pydantic import Field, field_validator, model_validator
 
 from ..core.model import Workload
+from ..core.planner_types import PlanOptions
 from .base import PosSeconds, Strict, cron_expression
 from .triggers import PendingTrigger, Trigger
 
@@ -144,7 +145,7 @@ class Budgets(Strict):
 
     max_concurrent: Annotated[int, Field(ge=1)] = 2  # migrations in flight, cluster-wide
     max_per_node: Annotated[int, Field(ge=1)] = 1  # migrations in flight touching one node (source or target)
-    max_moves_per_plan: Annotated[int, Field(ge=1)] = 8
+    max_moves_per_plan: Annotated[int, Field(ge=1)] = PlanOptions.max_moves  # the planner's default
     max_plans_per_cycle: Annotated[int, Field(ge=1)] = 1  # pending jobs planned for per cycle, oldest first
     max_per_hour: Annotated[int, Field(ge=0)] | None = None
     checkpoint_timeout_s: PosSeconds = 300.0
@@ -176,4 +177,4 @@ class Policy(Strict):
     action: Action = Action()
     budgets: Budgets = Budgets()
     compat: Compat = Compat()
-    planner_time_limit_s: PosSeconds = 2.0
+    planner_time_limit_s: PosSeconds = PlanOptions.time_limit_s  # the planner's default

@@ -1,8 +1,13 @@
-"""The one place PlanOptions are built: from the policy file, the cost file and the compatibility rules.
+"""The one projection of the policy (and the cost file) onto every runtime setting.
 
 `gpudefrag plan`, the controller, the dashboard (`serve`) and `kube plan` all take the same inputs
-(`--policy`, `--costs`) and build their options here, so the same cluster gets the same plan from every door.
-Explicit overrides (a CLI flag) win over the policy; the policy wins over the defaults.
+(`--policy`, `--costs`) and read their settings from one `PlanInputs`: the planner's options (`plan_options`),
+the compatibility rule (`PlanInputs.compat`, built once), the executor's budgets (`PlanInputs.executor`) and,
+through them, the Kubernetes move options (`engines.kubernetes.MoveOptions.from_inputs`). The defaults live in
+one place each: the planner's in `core.planner.PlanOptions` (the policy's `budgets.max_moves_per_plan` and
+`planner_time_limit_s` default to them), the compatibility rule's in `core.compat.CompatRule` (the policy's
+`compat` mirrors it, a test checks), the disruption budget's in the policy's `Budgets` (`ExecutorConfig()` is
+the default policy's). Explicit overrides (a CLI flag) win over the policy; the policy wins over the defaults.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,28 @@ from ..core.compat import CompatRule
 from ..core.cost import CostModel
 from ..core.model import Workload
 from ..core.planner import PlanOptions
-from .models import Policy
+from .models import Action, Budgets, Policy
+
+_BUDGETS, _ACTION = Budgets(), Action()
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """The executor's disruption budget and fallback: the policy's `budgets` and `action.fallback` (defaults:
+    the default policy's, read from `Budgets` and `Action`, never restated)."""
+
+    max_concurrent: int = _BUDGETS.max_concurrent
+    max_per_node: int = _BUDGETS.max_per_node
+    max_per_hour: int | None = _BUDGETS.max_per_hour
+    checkpoint_timeout_s: float = _BUDGETS.checkpoint_timeout_s
+    restore_timeout_s: float = _BUDGETS.restore_timeout_s
+    fallback: str = _ACTION.fallback  # "evict": a failed checkpoint restarts the job on the target instead
+
+    @staticmethod
+    def from_policy(policy: Policy) -> ExecutorConfig:
+        b = policy.budgets
+        return ExecutorConfig(b.max_concurrent, b.max_per_node, b.max_per_hour, b.checkpoint_timeout_s,
+                              b.restore_timeout_s, policy.action.fallback)
 
 
 @dataclass(frozen=True)
@@ -28,12 +55,18 @@ class PlanInputs:
     policy: Policy
     costs: CostModel
 
-    @property
+    @cached_property
     def compat(self) -> CompatRule:
+        """The policy's compatibility rule, built once for the planner, the executor and the move options."""
         return compat_rule(self.policy)
+
+    @property
+    def executor(self) -> ExecutorConfig:
+        return ExecutorConfig.from_policy(self.policy)
 
 
 def compat_rule(policy: Policy) -> CompatRule:
+    """The one conversion of the policy's `compat` section into the rule planner and restore gate apply."""
     return CompatRule(**policy.compat.model_dump())
 
 

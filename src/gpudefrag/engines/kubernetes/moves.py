@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from ...core.compat import CompatRule, checkpoint_record, describe
 from ...core.model import Node
+from ...policy.options import ExecutorConfig, PlanInputs
 from .convert import KubeCluster, PdbInfo, PodInfo
 
 ANN_MIGRATED_FROM = "gpudefrag.io/migrated-from"
@@ -160,9 +161,20 @@ class MoveOptions:
     on_incompatible: str = "refuse"
     checkpoint_root: str = "/checkpoints"  # app hook: where the application writes (shared storage)
     signal: str = "USR1"
-    ready_timeout_s: float = 900.0
-    checkpoint_timeout_s: float = 900.0  # the agent's checkpoint + push
+    # the policy's budgets (defaults: the default policy's, from `policy.options.ExecutorConfig`)
+    ready_timeout_s: float = ExecutorConfig.restore_timeout_s
+    checkpoint_timeout_s: float = ExecutorConfig.checkpoint_timeout_s  # the agent's checkpoint + push
     compat: CompatRule | None = None
+
+    @staticmethod
+    def from_inputs(inputs: PlanInputs, **kw: Any) -> MoveOptions:
+        """The move options the policy gives (the one projection, `policy.options`): its restore and checkpoint
+        timeouts, its compatibility rule, and `fallback: evict` as a cold start of an image the target cannot
+        restore; `kw` sets the rest (`checkpoint`, `signal`, ...)."""
+        cfg = inputs.executor
+        return MoveOptions(ready_timeout_s=cfg.restore_timeout_s, checkpoint_timeout_s=cfg.checkpoint_timeout_s,
+                           compat=inputs.compat, on_incompatible="cold-start" if cfg.fallback == "evict" else "refuse",
+                           **kw)
 
 
 def move_id_for(workload_id: str, source: str, target: str) -> str:
