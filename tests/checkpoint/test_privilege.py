@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -235,6 +236,91 @@ def test_criu_refuses_a_restore_when_the_owner_of_the_job_folder_or_files_change
     _, rr = restore_from_store(store, m.id)
     probes.track(rr.pid)
     probe_job.wait_step(log, probe_job.last_step(log) + 2, timeout=30)
+
+
+# The attacker's loop: swap two names in a folder of theirs, atomically, as fast as it can (renameat2 with
+# RENAME_EXCHANGE), so that any look at the path sees the real file or the link about half the time each.
+EXCHANGER = r'''
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = sys.argv[1].encode(), sys.argv[2].encode()
+while True:
+    libc.renameat2(-100, a, -100, b, 2)
+'''
+
+
+def _opens(pid: int, path: Path) -> bool:
+    """Does any process of the tree rooted at `pid` hold `path` open?"""
+    from gpudefrag.checkpoint.launch import process_tree
+
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{p}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{p}/fd")):
+                return True
+    return False
+
+
+@pytest.mark.criu
+def test_a_file_swapped_for_a_link_while_criu_opens_it_never_reaches_the_restored_job(
+        criu, store: CheckpointStore, probes: Probes, shared_tmp: Path, throwaway_user) -> None:
+    """The restore looks at each file the job had open (not a link, the same owner) an instant before CRIU
+    re-opens it by path as root; a user who swapped the file for a link in that instant made CRIU open the
+    link's target — root's file — and hand it to the job. Now CRIU leaves the restored job stopped and what it
+    actually opened is looked at (the very file, by device and inode): a swapped file is caught, the job killed
+    before it ran a step. The attack runs for real: the user swaps the job's output and a link to a root-only
+    file of the same size and mode, atomically and without pause, through 30 restores."""
+    import ctypes
+
+    from gpudefrag.checkpoint.launch import spawn_job
+
+    att = shared_tmp / "att"  # a folder of the attacker's, where the job writes its output
+    att.mkdir(mode=0o755)
+    os.chown(att, throwaway_user.uid, throwaway_user.gid)
+    out, log = att / "job.out", probes.dir / "race.log"
+    job = spawn_job([sys.executable, "-m", "gpudefrag.checkpoint.probe_job", "--log", str(log), "--mb", "4"],
+                    stdout=out, pidns=True)
+    probes.jobs.append(job)
+    probes.track(job.pid)
+    probe_job.wait_step(log, 2, timeout=60)
+    m, _ = checkpoint_to_store(store, criu, job.pid, "race")
+    job.reap()
+    assert str(out) in {f["path"] for f in m.info["files"]}
+    secret = shared_tmp / "secret"  # root's file: CRIU checks size and mode, so the attacker matches both
+    secret.write_bytes(b"s" * out.stat().st_size)
+    os.chmod(secret, 0o600)
+    before = secret.read_bytes()
+    r = throwaway_user.run(["ln", "-s", str(secret), str(att / "bait")])
+    assert r.returncode == 0, r.stderr
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER: the restored jobs we kill are ours to reap
+    swapper = throwaway_user.popen([SYS_PY, "-c", EXCHANGER, str(out), str(att / "bait")])
+    outcomes: list[str] = []
+    try:
+        for _ in range(30):
+            try:
+                _, rr = restore_from_store(store, m.id)
+            except CheckpointError as e:
+                outcomes.append("caught-after-open" if "CRIU opened" in e.detail
+                                else "caught-before" if e.reason == OWNER_MISMATCH else f"other: {e}")
+            else:
+                probes.track(rr.pid)
+                outcomes.append("secret-handed-to-the-job" if _opens(rr.pid, secret) else "restored")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rr.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # reap what was killed, so its PID is free for the next restore
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0 and not any(
+                            Path(f"/proc/{p}").exists() for p in probes.pids if p != job.pid):
+                        break
+                time.sleep(0.01)
+    finally:
+        swapper.kill()
+        swapper.wait()
+        libc.prctl(36, 0, 0, 0, 0)
+    assert "secret-handed-to-the-job" not in outcomes, outcomes
+    assert "caught-after-open" in outcomes, outcomes  # the race was run: CRIU did open the link's target
+    assert secret.read_bytes() == before
 
 
 @pytest.mark.criu

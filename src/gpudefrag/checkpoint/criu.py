@@ -32,6 +32,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -40,7 +41,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .jobfiles import check_job_files, check_owner, job_files, private_dir, process_owner
+from .jobfiles import check_job_files, check_owner, check_restored_files, job_files, private_dir, process_owner
 from .launch import process_tree
 from .protocol import (
     CHECKPOINT_FAILED,
@@ -296,9 +297,10 @@ class CriuBackend:
         """
         ckpt_dir = Path(ckpt_dir)
         facts = info or {}
+        checked: dict[str, tuple[int, int]] | None = None
         if "owner" in facts:  # checkpoints written before owners were recorded carry their credentials in images
             check_owner(facts["owner"], [facts.get("cwd")])
-            check_job_files(facts.get("files", []))
+            checked = check_job_files(facts.get("files", []))
         if new_pidns and facts.get("pidns_root") is False:
             raise CheckpointError(RESTORE_FAILED, "a fresh PID namespace needs a job dumped as PID 1 of its own "
                                   "namespace (start it with spawn_job(pidns=True))", path=str(ckpt_dir))
@@ -309,6 +311,8 @@ class CriuBackend:
                 "--display-stats", "-v" + str(self.log_level)]
         if tcp_established:
             args.append("--tcp-established")
+        if checked is not None:
+            args.append("--leave-stopped")  # what CRIU opened is looked at before the job runs a single step
         pass_fds: tuple[int, ...] = ()
         prefix: list[str] = []
         ns_fd = None
@@ -334,6 +338,8 @@ class CriuBackend:
                 raise CheckpointError(RESTORE_FAILED, f"criu restore failed (rc {r.returncode}): "
                                       f"{_error_lines(log)} (log: {log})", path=str(ckpt_dir))
             pid = int(pidfile.read_text().strip())
+            if checked is not None:
+                _release_checked(pid, checked, int(facts["owner"]["uid"]))
             pages_s = None
             if lazy_proc is not None:
                 rc = lazy_proc.wait(timeout=600)
@@ -434,6 +440,22 @@ def stream_checkpoint(backend: CriuBackend, pid: int, target_dir: Path, **kw: An
     shutil.rmtree(src, ignore_errors=True)
     return CheckpointResult(**{**res.as_dict(), "directory": str(target_dir),
                                "bytes_written": du_bytes(target_dir), "notes": res.notes})
+
+
+def _release_checked(pid: int, checked: dict[str, tuple[int, int]], uid: int) -> None:
+    """The job CRIU restored stopped (`--leave-stopped`): let it run only if every file CRIU opened for it is
+    one it may have (`check_restored_files`); otherwise kill it, still stopped, and refuse (`owner-mismatch`)."""
+    tree = process_tree(pid)
+    try:
+        check_restored_files(tree, checked, uid)
+    except CheckpointError:
+        for p in reversed(tree):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        raise
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGCONT)
 
 
 def _merge(src: Path, target_dir: Path) -> None:

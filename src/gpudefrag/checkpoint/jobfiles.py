@@ -192,9 +192,12 @@ def job_files(pids: Iterable[int]) -> list[dict[str, Any]]:
     return sorted(seen.values(), key=lambda f: f["path"])
 
 
-def check_job_files(files: Iterable[dict[str, Any]]) -> None:
+def check_job_files(files: Iterable[dict[str, Any]]) -> dict[str, tuple[int, int]]:
     """Refuse (`owner-mismatch`) a restore when a file the job had open is now a link, or now belongs to someone
-    else (a user who swapped their log for a link to /etc/shadow would otherwise get it opened by root)."""
+    else (a user who swapped their log for a link to /etc/shadow would otherwise get it opened by root).
+    Returns the (device, inode) of each file checked: a swap after this look, before CRIU opens the path, is
+    caught by `check_restored_files` on what CRIU actually opened."""
+    seen: dict[str, tuple[int, int]] = {}
     for f in files:
         try:
             st = os.lstat(f["path"])
@@ -207,6 +210,62 @@ def check_job_files(files: Iterable[dict[str, Any]]) -> None:
         if st.st_uid != f["uid"]:
             raise CheckpointError(OWNER_MISMATCH, f"{f['path']}: owned by uid {st.st_uid} now, by uid {f['uid']} "
                                   "when the job was checkpointed")
+        seen[f["path"]] = (st.st_dev, st.st_ino)
+    return seen
+
+
+def _root_only_path(path: str, key: tuple[int, int]) -> bool:
+    """`path` leads to the file `key` through folders only root may change (no link, no folder of a user or
+    writable by others on the way): nobody but root could have put that file there (a library, /etc/hosts)."""
+    if not path.startswith("/"):
+        return False
+    cur = "/"
+    for name in [p for p in path.split("/") if p]:
+        try:
+            d = os.lstat(cur)
+            st = os.lstat(os.path.join(cur, name))
+        except OSError:
+            return False
+        if d.st_uid != 0 or d.st_mode & 0o022 or stat.S_ISLNK(st.st_mode):
+            return False
+        cur = os.path.join(cur, name)
+    return (st.st_dev, st.st_ino) == key
+
+
+def _opened(pid: int) -> Iterator[tuple[str, os.stat_result]]:
+    """(path, stat of the very file) for each regular file `pid` has open or mapped, as the kernel holds it."""
+    fd_dir = f"/proc/{pid}/fd"
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(fd_dir):
+            with contextlib.suppress(OSError):
+                yield os.readlink(f"{fd_dir}/{fd}"), os.stat(f"{fd_dir}/{fd}")
+    with contextlib.suppress(OSError):
+        for ln in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            parts = ln.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith("/"):
+                with contextlib.suppress(OSError):
+                    yield parts[5], os.stat(f"/proc/{pid}/map_files/{parts[0]}")
+
+
+def check_restored_files(pids: Iterable[int], checked: dict[str, tuple[int, int]], uid: int) -> None:
+    """After CRIU restored a job (its tasks still stopped), refuse (`owner-mismatch`) when any file it opened
+    for the job by path, as root, is not one it may hand the job: the file `check_job_files` looked at (same
+    device and inode), a file of the job's own user (not root: a root job's output redirected to another root
+    file is the attack too), a deleted file CRIU re-created from the images, or one that
+    only root could have put at its path. `check_job_files` looks at each path an instant before CRIU opens it;
+    a user who swapped the file or a folder above it for a link in that instant made CRIU open the link's
+    target (root's file) — this looks at the opened file itself, so the swap is caught before the job runs."""
+    keys = set(checked.values())
+    for pid in pids:
+        for path, st in _opened(pid):
+            if not stat.S_ISREG(st.st_mode) or path.endswith(" (deleted)"):
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in keys or (st.st_uid == uid and uid != 0) or _root_only_path(path, key):
+                continue
+            raise CheckpointError(OWNER_MISMATCH, f"{path}: CRIU opened this file (uid {st.st_uid}) for the job "
+                                  f"of uid {uid}, not the file checked before the restore: a path was swapped "
+                                  "for a link while CRIU opened it; the restored job was killed before it ran")
 
 
 def private_dir(path: Path) -> Path:
