@@ -53,16 +53,21 @@ def snapshot_validate(
 
 
 @snapshot_app.command("schema")
-def snapshot_schema() -> None:
-    """Print the snapshot JSON Schema."""
+def snapshot_schema(json_out: bool = JsonOpt) -> None:
+    """Print the snapshot JSON Schema (JSON with or without --json, which every command takes)."""
     emit_json(json_schema())
 
 
 @snapshot_app.command("demo")
-def snapshot_demo(out: Path = typer.Argument(..., help="Where to write the demo cluster's snapshot")) -> None:
+def snapshot_demo(out: Path = typer.Argument(..., help="Where to write the demo cluster's snapshot"),
+                  json_out: bool = JsonOpt) -> None:
     """Write the embedded demo cluster as a snapshot file, to edit and feed back to the other commands."""
     write_json_atomic(out, demo_document())
-    console.print(f"wrote {escape(str(out))}")
+    if json_out:
+        state = demo_state()
+        emit_json({"file": str(out), "nodes": len(state.nodes), "workloads": len(state.workloads)})
+    else:
+        console.print(f"wrote {escape(str(out))}")
 
 
 # ---------------------------------------------------------------------------------------------- frag

@@ -3,7 +3,10 @@ deploy/kubernetes runs it; see gpudefrag.control.node_agent for the protocol).""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import time
 from pathlib import Path
 
 import typer
@@ -40,6 +43,7 @@ def node_agent(
     client_key: Path = typer.Option(None, "--kubelet-client-key", help="Its key"),
     context: str = typer.Option(None, "--context", help="Kubeconfig context (default: in-cluster)"),
     once: bool = typer.Option(False, "--once", help="Answer what is pending now, then exit"),
+    json_out: bool = typer.Option(False, "--json", help="Log one JSON object per event (stdout) instead of text"),
 ) -> None:
     """Checkpoint pods of this node through its kubelet into signed OCI checkpoint images, when asked."""
     from kubernetes import client
@@ -64,9 +68,17 @@ def node_agent(
     cert = (str(client_cert), str(client_key or client_cert)) if client_cert else None
     kl = Kubelet(url, token=(lambda: tok.read_text().strip()) if tok and not cert else None,
                  ca_file=str(ca) if ca else None, insecure=kubelet_insecure, client_cert=cert)
+
+    def log(message: str) -> None:
+        if json_out:
+            sys.stdout.write(json.dumps({"time": time.time(), "node": node, "event": message}) + "\n")
+            sys.stdout.flush()
+        else:
+            console.print(message, markup=False, highlight=False)
+
     agent = NodeAgent(core, node, kl, Registry(registry, name=registry_name or None), sign_key, host_root=host_root,
-                      log=lambda m: console.print(m, markup=False, highlight=False))
-    console.print(f"node-agent on {node}: kubelet {url}, registry {registry}, pid {os.getpid()}", markup=False)
+                      log=log)
+    log(f"node-agent on {node}: kubelet {url}, registry {registry}, pid {os.getpid()}")
     if once:
         agent.sweep()
         return
