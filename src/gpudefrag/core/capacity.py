@@ -73,20 +73,28 @@ def room_fits(cpu_free: Any, mem_free: Any, shape: Shape) -> Any:
     return (cpu_free >= shape.cpu_milli) & (mem_free >= shape.memory_mib)
 
 
-def gpus_fit(free: np.ndarray, shape: Shape) -> np.ndarray:
+def share_counts(free: np.ndarray, gpu_milli: int) -> np.ndarray:
+    """Per row (node): how many GPUs have at least `gpu_milli` free. What `gpus_fit` compares; a caller that
+    asks for many requests of one share on one state (a diagnosis of every pending job) computes it once."""
+    return (free >= gpu_milli).sum(axis=1)  # type: ignore[no-any-return]
+
+
+def gpus_fit(free: np.ndarray, shape: Shape, counts: np.ndarray | None = None) -> np.ndarray:
     """The GPU half of the fit, per row (node): at least `num_gpu` GPUs with the share free (every row for a
-    shape without GPUs)."""
+    shape without GPUs). `counts`: `share_counts(free, shape.gpu_milli)` when the caller holds it."""
     if shape.num_gpu == 0:
         return np.ones(free.shape[0], dtype=bool)
-    return (free >= shape.gpu_milli).sum(axis=1) >= shape.num_gpu  # type: ignore[no-any-return]
+    n = share_counts(free, shape.gpu_milli) if counts is None else counts
+    return n >= shape.num_gpu  # type: ignore[no-any-return]
 
 
-def fits(free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, shape: Shape) -> np.ndarray:
+def fits(free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, shape: Shape,
+         counts: np.ndarray | None = None) -> np.ndarray:
     """Per row (node) of the arrays: CPU and memory free, and at least `num_gpu` GPUs with the share free.
-    The one fit test; GPU models and eligibility are the caller's masks."""
+    The one fit test; GPU models and eligibility are the caller's masks. `counts`: as for `gpus_fit`."""
     ok = room_fits(cpu_free, mem_free, shape)
     if shape.num_gpu > 0:
-        ok &= gpus_fit(free, shape)
+        ok &= gpus_fit(free, shape, counts)
     return ok  # type: ignore[no-any-return]
 
 

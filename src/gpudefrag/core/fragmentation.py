@@ -128,10 +128,12 @@ def eligible_mask(state: ClusterState, request: Request) -> np.ndarray:
 
 
 def capacity_fits(
-    free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, request: Request
+    free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, request: Request,
+    counts: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Nodes where one node's part of the request fits by free capacity alone (the capacity model's fit)."""
-    return fits(free, cpu_free, mem_free, Shape.of(request))
+    """Nodes where one node's part of the request fits by free capacity alone (the capacity model's fit).
+    `counts`: capacity.share_counts for the request's share, when the caller memoises it."""
+    return fits(free, cpu_free, mem_free, Shape.of(request), counts)
 
 
 def fits_mask(state: ClusterState, request: Request) -> np.ndarray:
