@@ -51,13 +51,20 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any, *, indent: int | N
 def bulk_allocation() -> Iterator[None]:
     """Pause the cyclic garbage collector while tens of thousands of acyclic objects are built (a large
     snapshot or Kubernetes dump): the collections they would trigger re-scan the growing heap and double the
-    load time. Reference counting still frees everything."""
+    load time. Reference counting still frees everything.
+
+    On the way out the objects made meanwhile are moved to the oldest generation (`gc.freeze()` then
+    `gc.unfreeze()`: two list splices), so the first young collection after the pause does not traverse all of
+    them at once (0.3 s for a million objects: a third of a 10,000-node snapshot's load); they are looked at by
+    the next full collection, as long-lived objects are. (gpudefrag itself never freezes objects for good.)"""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 
