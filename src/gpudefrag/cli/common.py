@@ -24,10 +24,10 @@ PolicyOpt = typer.Option(None, "--policy", help="Policy file (YAML: trigger, fil
                          "the same file gives the same settings in every command [default: the built-in policy]")
 CostsOpt = typer.Option(None, "--costs", help="Cost file (JSON/YAML): bandwidths in GB/s, per-pair links, measured "
                         "migrations (docs/planner.md) [default: the built-in costs]")
-StoreOpt = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="The checkpoint store: the folder of signed "
-                        "checkpoints that `run` and `checkpoint` write (default /var/lib/gpudefrag/checkpoints) and "
-                        "`controller`, `serve`, `restore` and --slurm read (sizes, ages, verification; only when "
-                        "given)")
+StoreOpt = typer.Option(None, "--store", envvar="GPUDEFRAG_STORE", help="The checkpoint store: the one folder of "
+                        "signed checkpoints, which `run` and `checkpoint` write and `restore` and `checkpoints` read "
+                        "(default /var/lib/gpudefrag/checkpoints); `controller`, `serve` and --slurm read it for "
+                        "checkpoint sizes, ages and verification when it is given")
 KeyOpt = typer.Option(None, "--key", envvar="GPUDEFRAG_KEY", help="The store's signing key, root-only (0600); only "
                       "`checkpoint` and `keys init` create it [default /etc/gpudefrag/checkpoint.key]")
 
