@@ -230,3 +230,18 @@ def test_deschedule_arm_evicts_and_the_evicted_pod_loses_its_work(tmp_path: Path
     assert r.evictions == 1 and r.moves == 0
     assert 100 <= r.wait[-1] <= 200 and not r.never_started.any()
     assert r.gpu_hours_lost * 3600 == pytest.approx(0.25 * 130, abs=0.25 * 70)  # a's ~130 s, or b's ~128 s
+
+
+def test_pooled_bound_keeps_the_gpu_model_a_pod_names(tmp_path: Path) -> None:
+    """Pods that name a GPU model (the gpuspec lists) run only on that model: the pooled bound pools each model's
+    GPUs apart (one node of no model started none of them, and every such pod 'waited' to the end); a pod that
+    names none still uses any GPU."""
+    nodes = ["n0,64000,262144,2,G1", "n1,64000,262144,2,G2", "n2,64000,262144,2,G2"]
+    g2 = [row("a", 1, 1000, 0, 5000), row("b", 1, 1000, 1, 5001), row("c", 2, 1000, 5, 105)]
+    pods = [r.replace(",,LS", ",G2,LS") for r in g2] + [row("d", 2, 1000, 6, 106)]
+    n, p = files(tmp_path, pods, nodes=nodes)
+    spec = ReplaySpec(str(n), str(p), 0)
+    pooled = run_arm(ArmRun(spec, "pooled"))
+    assert not pooled.never_started.any() and pooled.wait.max() == 0
+    spread = run_arm(ArmRun(spec, "fgd"))
+    assert not spread.never_started.any()

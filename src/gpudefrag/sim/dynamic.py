@@ -184,15 +184,14 @@ class _Sim:
 def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
              mix: WorkloadMix | None = None) -> DynamicResult:
     """Run the workload on the synthetic cluster of its spec, or on (a copy of) `cluster` (e.g. a snapshot's, or
-    a trace's nodes); the pooled bound puts all of that cluster's GPUs, CPU and memory on one node. `mix`: the FGD
-    target workload (default: the synthetic spec's)."""
+    a trace's nodes); the pooled bound puts all of that cluster's GPUs, CPU and memory on one node (one per GPU
+    model when pods name models: `pooled_cluster`). `mix`: the FGD target workload (default: the synthetic
+    spec's)."""
     if cluster is None:
         cl = synthetic_cluster(wl.spec, pooled=cfg.pooled)
     elif cfg.pooled:
-        g = int(cluster.gpu_count.sum())
-        cl = Cluster.build(["pooled"], [g], [None], [int(np.minimum(cluster.cpu_cap, 10**12).sum())], [0],
-                           mix or synthetic_cluster(wl.spec).mix)
-        cl.free[0, :g] = np.sort(cluster.free[cluster.free >= 0])[::-1][:g]  # the background load stays
+        named = any(j.pod.gpu_models for j in wl.jobs)
+        cl = pooled_cluster(cluster, mix or synthetic_cluster(wl.spec).mix, by_model=named)
     else:
         cl = cluster.copy()
         cl.mix = mix or synthetic_cluster(wl.spec).mix
@@ -407,6 +406,24 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         first_start=np.array([sim.runs[i].first_start for i in range(n)]), end_time=sim.now,
     )
     return res
+
+
+def pooled_cluster(cluster: Cluster, mix: WorkloadMix | None, by_model: bool = False) -> Cluster:
+    """The pooled bound's cluster: every GPU, CPU core and byte of memory of `cluster` on one node (memory not
+    tracked), the background load kept. `by_model`: one such node per GPU model instead (for pods that name GPU
+    models: a pod may use only the GPUs of its models, a rule and not fragmentation, so the bound keeps it and
+    pools within each model; one node of no model would start none of them)."""
+    groups: dict[str | None, list[int]] = {}
+    for i, m in enumerate(cluster.models):
+        groups.setdefault(m if by_model else None, []).append(i)
+    names = ["pooled" if len(groups) == 1 else f"pooled-{m}" for m in groups]
+    counts = [int(cluster.gpu_count[rows].sum()) for rows in groups.values()]
+    cpus = [int(np.minimum(cluster.cpu_cap[rows], 10**12).sum()) for rows in groups.values()]
+    cl = Cluster.build(names, counts, list(groups), cpus, [0] * len(groups), mix)
+    for k, rows in enumerate(groups.values()):
+        free = cluster.free[rows]
+        cl.free[k, :counts[k]] = np.sort(free[free >= 0])[::-1][:counts[k]]  # the background load stays
+    return cl
 
 
 def migrate_options(cfg: DynamicConfig, cost: CostModel) -> PlanOptions:
