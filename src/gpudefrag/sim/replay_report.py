@@ -131,8 +131,10 @@ def _plot(folder: Path, rs: Sequence[ArmResult], tag: str) -> None:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 3.6))
     for r in one:
-        ax.plot(r.times / 3600, 100 * r.alloc, label=r.run.label, lw=1)
-    ax.set_xlabel("hours")
+        ax.plot(r.times, 100 * r.alloc, label=r.run.label, lw=1)
+    # the arrivals of a compressed trace take minutes and its long pods end over months: a log axis shows both
+    ax.set_xscale("symlog", linthresh=60)
+    ax.set_xlabel("time since the first arrival (s; linear to 60 s, logarithmic after)")
     ax.set_ylabel("GPUs allocated (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
