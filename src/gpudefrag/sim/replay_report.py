@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import _plt
+from .report import pyplot
 from .timed import SIZE_CLASSES, ArmResult, combine
 
 COLUMNS = ("p50 / p95 / p99 wait (s) by GPU count", "gap closed (p95 multi)", "moves / placed pod",
@@ -108,7 +108,7 @@ def write_replay(folder: Path, results: Sequence[ArmResult], meta: Mapping[str, 
 
 
 def _plot(folder: Path, rs: Sequence[ArmResult], tag: str) -> None:
-    plt = _plt()
+    plt = pyplot()
     seed = min(r.run.spec.seed for r in rs)
     one = [r for r in rs if r.run.spec.seed == seed]
     fig, axes = plt.subplots(1, len(SIZE_CLASSES), figsize=(4 * len(SIZE_CLASSES), 3.6), sharey=True)

@@ -46,7 +46,8 @@ def _replace_dir(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _plt():  # type: ignore[no-untyped-def]
+def pyplot():  # type: ignore[no-untyped-def]
+    """matplotlib's pyplot on the file-only Agg backend (loaded when a figure is drawn; shared by the reports)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,7 +166,7 @@ def write_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping
 
 def _plot_static(folder: Path, results: Sequence[ReplayResult], authors: Mapping[str, np.ndarray],
                  bounds: Sequence[BoundResult]) -> None:
-    plt = _plt()
+    plt = pyplot()
     x = np.arange(CURVE_MAX + 1)
     fig, ax = plt.subplots(figsize=(8, 5))
     by: dict[str, list[np.ndarray]] = {}
@@ -272,7 +273,7 @@ def write_tradeoff(folder: Path, rows: Sequence[Mapping[str, object]], meta: Map
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     fgd, lb = float(rows[0]["fgd_100"]), float(rows[0]["lower_bound_100"])  # type: ignore[arg-type]
     for ax, key, label in ((axes[0], "moved_gib", "GiB of checkpoints moved per run"),
@@ -381,7 +382,7 @@ def dynamic_table_markdown(results: Sequence[DynamicResult]) -> str:
 
 
 def _plot_dynamic(folder: Path, results: Sequence[DynamicResult]) -> None:
-    plt = _plt()
+    plt = pyplot()
     classes: list[str] = []
     for r in results:
         classes += [c for c in r.delays() if c not in classes]

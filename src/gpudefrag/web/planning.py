@@ -8,7 +8,7 @@ from typing import Any
 from ..core.decision import Decision, decide
 from ..core.model import ClusterState
 from ..core.planner import Plan, PlanOptions, apply_moves
-from .views import _jsonable, node_rows, summary
+from .views import jsonable, node_rows, summary
 
 
 def make_decision(state: ClusterState, workload_id: str, options: PlanOptions | None = None) -> Decision:
@@ -34,7 +34,7 @@ def plan_dict(state: ClusterState, plan: Plan) -> dict[str, Any]:
                 "source": m.source,
                 "target": m.target,
                 "target_gpus": [int(g) for g in m.target_gpus],
-                "cost": _jsonable(m.cost.as_dict()),
+                "cost": jsonable(m.cost.as_dict()),
             }
         )
     return {
@@ -56,7 +56,7 @@ def preview(state: ClusterState, workload_id: str, decision: Decision | None = N
     plan with the map rows of the nodes it touches, before and after, and the priced alternatives."""
     if decision is None:
         decision = make_decision(state, workload_id, options)
-    info = _jsonable(decision.as_dict())
+    info = jsonable(decision.as_dict())
     plan = decision.plan
     if plan is None:
         return {"available": False, "message": decision.reason, "plan": None, "before": [], "after": [],

@@ -222,7 +222,7 @@ def pending_view(state: ClusterState, diagnoses: list[Diagnosis] | None = None) 
             "is_fragmentation": d.is_fragmentation,
             "scheduler_reason": d.scheduler_reason,
             "causes": [
-                {"code": c.code.value, "summary": c.summary, "evidence": _jsonable(c.evidence)} for c in d.causes
+                {"code": c.code.value, "summary": c.summary, "evidence": jsonable(c.evidence)} for c in d.causes
             ],
         }
         out.append(info)
@@ -244,11 +244,12 @@ def stranded_by_shape(state: ClusterState) -> dict[str, int]:
     return {label: stranded(state, r)[0] for label, r in sorted(shapes.items())}
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
+    """A value as JSON can hold it (the dashboard's views and plan previews share it)."""
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, list | tuple | set | frozenset):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, np.generic):
         return v.item()
     if isinstance(v, str | int | float | bool) or v is None:

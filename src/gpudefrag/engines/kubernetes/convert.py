@@ -189,7 +189,8 @@ def _gfd_version(labels: Mapping[str, str], full: str, parts: tuple[str, ...]) -
     return ".".join(v for v in vals if v is not None)
 
 
-def _node(at: At, dra: DraInventory) -> Node:
+def node_from(at: At, dra: DraInventory) -> Node:
+    """One Kubernetes Node object as the model's node (also read by the move executor to check a target)."""
     meta = at.obj("metadata", required=True)
     name = meta.req_str("name")
     labels = meta.str_map("labels")
@@ -256,7 +257,7 @@ def _node(at: At, dra: DraInventory) -> Node:
 
 
 # ---------------------------------------------------------------------------------------------- pods
-def _resources(spec: At) -> dict[str, Decimal]:
+def pod_resources(spec: At) -> dict[str, Decimal]:
     """Effective pod requests for the resources we model: max(sum over containers, each init container)."""
 
     def one(c: At) -> dict[str, Decimal]:
@@ -365,7 +366,7 @@ def to_cluster(objs: KubeObjects, *, now: float | None = None, strict: bool = Tr
     nodes: list[Node] = []
     seen: dict[str, At] = {}
     for at in objs.nodes:
-        n = _node(at, dra)
+        n = node_from(at, dra)
         if n.name in seen:
             raise at.error(f"duplicate Node {n.name!r} (also at {seen[n.name].source}: {seen[n.name].path})",
                            "metadata")
@@ -456,7 +457,7 @@ def finish(source: str, nodes: list[Node], workloads: list[Workload], infos: dic
                         "checking that their owner still exists (dump with `kubectl get nodes,pods,"
                         "resourcequotas,poddisruptionbudgets,events,replicasets,jobs -A -o json`)")
     qs = [q for at in quotas if (q := _quota(at)) is not None]
-    pdb_infos = tuple(_pdb(at) for at in pdbs)
+    pdb_infos = tuple(pdb_info(at) for at in pdbs)
     groups, group_warn = _groups(configmaps)
     warnings.extend(group_warn)
     node_groups = _node_groups(groups, nodes)
@@ -480,7 +481,7 @@ def _pod(
     phase = status.text("phase") or "Pending"
     if phase in _DONE_PHASES:
         return None, None
-    res = _resources(spec)
+    res = pod_resources(spec)
     gpus_dec = res.get(GPU, Decimal(0))
     if gpus_dec != gpus_dec.to_integral_value():
         raise spec.error(f"a pod's {GPU} request must be a whole number, got {gpus_dec}", "containers")
@@ -665,7 +666,8 @@ def _quota(at: At) -> Quota | None:
     return None
 
 
-def _pdb(at: At) -> PdbInfo:
+def pdb_info(at: At) -> PdbInfo:
+    """One PodDisruptionBudget as the planner and the move executor read it."""
     meta = at.obj("metadata", required=True)
     spec, status = at.obj("spec"), at.obj("status")
 

@@ -20,7 +20,7 @@ import urllib3
 from ...core.compat import CompatRule, describe
 from ...core.model import Versions
 from .access import At
-from .convert import GPU, _node, _pdb, _resources
+from .convert import GPU, node_from, pdb_info, pod_resources
 from .dra import DraInventory
 from .moves import (
     ANN_AGENT_RESULT,
@@ -224,7 +224,7 @@ class SequenceRunner:
         for i, pod in enumerate(self.api.list_pods_on_node(node)):
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
-            res = _resources(At(pod, "cluster", f"pods on {node}[{i}]").obj("spec"))
+            res = pod_resources(At(pod, "cluster", f"pods on {node}[{i}]").obj("spec"))
             used += int(res.get(GPU, 0))
         return used
 
@@ -242,7 +242,7 @@ class SequenceRunner:
                     raise StepFailed(f"{p['pod']} now runs on {(orig.get('spec') or {}).get('nodeName')!r}, "
                                      f"not on {p['source']!r}")
             raw = api.read_node(p["node"])
-            node = _node(At(raw, "cluster", f"node {p['node']}"), DraInventory())
+            node = node_from(At(raw, "cluster", f"node {p['node']}"), DraInventory())
             if not node.schedulable:
                 raise StepFailed(f"node {node.name} is cordoned or not ready")
             if versions is not None:
@@ -256,7 +256,7 @@ class SequenceRunner:
             return (f"{node.name}: {node.gpu_model} driver {node.driver_version} cuda {node.cuda_version}, "
                     f"{free} GPU(s) free")
         if k is OpKind.CHECK_PDB:
-            pdb = _pdb(At(api.read_pdb(p["namespace"], p["name"]), "cluster", f"pdb {p['name']}"))
+            pdb = pdb_info(At(api.read_pdb(p["namespace"], p["name"]), "cluster", f"pdb {p['name']}"))
             allowed, why = pdb_after_replacement(pdb)
             if allowed < 1:
                 raise StepFailed(why)
@@ -385,7 +385,7 @@ class SequenceRunner:
         if self.verify_image is None:
             raise StepFailed("no checkpoint image verifier configured (registry + store key); nothing was changed")
         raw = self.api.read_node(p["node"])
-        node = _node(At(raw, "cluster", f"node {p['node']}"), DraInventory())
+        node = node_from(At(raw, "cluster", f"node {p['node']}"), DraInventory())
         bad: list[str] = []
         for c, ref in sorted(ctx["images"].items()):
             try:

@@ -37,12 +37,12 @@ from .convert import (
     PodInfo,
     _Builder,
     _event,
-    _node,
     _owners,
     _OwnerState,
     _pod,
     finish,
     latest_events,
+    node_from,
     pod_order,
 )
 from .dra import DraInventory, read_dra
@@ -265,7 +265,7 @@ class LiveModel:
             self._nodes.pop(name, None)
             self._raw_nodes.pop(name, None)
         else:
-            self._nodes[name] = _node(self._at("nodes", f"/{name}", obj), self._dra)
+            self._nodes[name] = node_from(self._at("nodes", f"/{name}", obj), self._dra)
             self._raw_nodes[name] = obj
             self.conversions += 1
         node = self._nodes.get(name)
