@@ -8,6 +8,7 @@ Loading is strict (no type coercion, no unknown fields) so that a typo is an err
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -198,6 +199,21 @@ class Snapshot(_Strict):
     quotas: list[QuotaIn] = Field(default_factory=list)
     node_groups: list[NodeGroupIn] = Field(default_factory=list)
 
+
+# to_state builds these positionally (keyword parsing was a third of its time): their field order is part of
+# what it relies on, checked once here so that a reordered dataclass fails at import, not as swapped values.
+_POSITIONAL = {
+    Node: "name gpu_count gpu_model gpu_allocatable cpu_milli memory_mib driver_version cuda_version cpu_arch labels "
+          "taints schedulable mig_devices node_group partitions checkpointer_version kernel",
+    Request: "gpus_per_node node_count gpu_milli cpu_milli memory_mib gpu_models node_selector tolerations partition "
+             "mig_profile",
+    Workload: "id request state name namespace user priority labels placements checkpoint_bytes last_checkpoint_at "
+              "submitted_at started_at expected_end_at versions scheduler_reason movable movable_reason",
+    Versions: "gpu_model gpu_count driver cuda engine model cpu_arch kernel checkpointer",
+}
+for _cls, _names in _POSITIONAL.items():
+    if [f.name for f in dataclasses.fields(_cls)] != _names.split():
+        raise ImportError(f"snapshot.to_state builds {_cls.__name__} positionally; its fields changed: update both")
 
 # The same format as a msgspec struct (derived, not written twice): the fast path of _load_snapshot.
 _FAST_SNAPSHOT = typed_json.mirror(Snapshot)
