@@ -143,37 +143,42 @@ def _size_rows(be: CriuBackend, mb: int, place: str, root: Path, repeats: int) -
     return rows
 
 
+def move_downtime(be: CriuBackend, mb: int, how: str, root: Path) -> tuple[bool, float]:
+    """One CRIU move of a probe job holding `mb` MiB, under `root`: (its restore verified, the job's largest step
+    gap). Plain: dump to the source node's folder, copy to the target's, restore. `pageserver+lazy`: the dump
+    streams its pages to the target's page server and the target restores lazily."""
+    work = Path(tempfile.mkdtemp(prefix=f"down-{mb}-", dir=root))
+    probe = Probe(work, mb)
+    try:
+        src, dst = work / "src", work / "dst"
+        src.mkdir()
+        dst.mkdir()
+        if how == "plain":
+            res = be.checkpoint(probe.job.pid, src)
+            probe.job.reap()
+            for f in src.iterdir():
+                shutil.copyfile(f, dst / f.name)  # the transfer
+            rr = be.restore(dst, info=res.extra)
+        else:
+            with PageServer(dst, criu_bin=be.criu_bin) as ps:
+                res = be.checkpoint(probe.job.pid, src, page_server=ps.addr)
+                ps.wait(timeout=600)
+            probe.job.reap()
+            for f in src.iterdir():
+                shutil.move(str(f), dst / f.name)
+            rr = be.restore(dst, info=res.extra, lazy=True)
+        return probe.verify_and_stop(rr.pid)
+    finally:
+        probe.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _downtime_rows(be: CriuBackend, mb: int) -> list[Row]:
-    """Plain: dump to the source node's disk, copy to the target, restore. Fast: the dump streams its pages to
-    the target's page server and the target restores lazily. Both on tmpfs here (one machine)."""
-    root = PLACES["tmpfs"]
+    """Plain dump-copy-restore against page-server + lazy restore, both on tmpfs here (one machine)."""
     gaps: dict[str, float] = {}
     oks: dict[str, bool] = {}
     for how in ("plain", "pageserver+lazy"):
-        work = Path(tempfile.mkdtemp(prefix=f"down-{mb}-", dir=root))
-        probe = Probe(work, mb)
-        try:
-            src, dst = work / "src", work / "dst"
-            src.mkdir()
-            dst.mkdir()
-            if how == "plain":
-                res = be.checkpoint(probe.job.pid, src)
-                probe.job.reap()
-                for f in src.iterdir():
-                    shutil.copyfile(f, dst / f.name)  # the transfer
-                rr = be.restore(dst, info=res.extra)
-            else:
-                with PageServer(dst, criu_bin=be.criu_bin) as ps:
-                    res = be.checkpoint(probe.job.pid, src, page_server=ps.addr)
-                    ps.wait(timeout=600)
-                probe.job.reap()
-                for f in src.iterdir():
-                    shutil.move(str(f), dst / f.name)
-                rr = be.restore(dst, info=res.extra, lazy=True)
-            oks[how], gaps[how] = probe.verify_and_stop(rr.pid)
-        finally:
-            probe.kill()
-            shutil.rmtree(work, ignore_errors=True)
+        oks[how], gaps[how] = move_downtime(be, mb, how, PLACES["tmpfs"])
     ratio = gaps["pageserver+lazy"] / gaps["plain"]
     fail = "" if all(oks.values()) else "FAIL: a restore did not verify; "
     return [

@@ -45,20 +45,25 @@ class JournaledMoves:
         if not seq.ok:
             return self.journal.transition(m.id, S.ABORTED, reason=seq.refused or ""), self.executor.run(seq)
         committing = [False]
+        # hooks already on the runner (a fault injected at a step, a progress report) still run, after the journal
+        old, old_after = self.executor.before, self.executor.on_step
 
-        def before(_: MoveSequence, i: int, op: Op) -> None:
+        def before(s: MoveSequence, i: int, op: Op) -> None:
             committing[0] = committing[0] or op.irreversible
             self.journal.transition(m.id, _STATE[op.kind], detail=f"{op.kind.value}: {op.detail}",
                                     data={"op": i, "committing": committing[0]})
+            if old:
+                old(s, i, op)
 
-        def after(_: MoveSequence, step: StepResult) -> None:
+        def after(s: MoveSequence, step: StepResult) -> None:
             # what the agent made and what the image check decided (a cold start, a refused image) are facts
             # the journal must keep, beside the step that was about to be taken
             if step.op in _RECORDED or not step.ok:
                 st = _STATE.get(OpKind(step.op), S.PLANNED) if step.op in _KINDS else S.ROLLING_BACK
                 self.journal.transition(m.id, st, detail=f"{step.op} {'ok' if step.ok else 'failed'}: {step.detail}")
+            if old_after:
+                old_after(s, step)
 
-        old, old_after = self.executor.before, self.executor.on_step
         self.executor.before, self.executor.on_step = before, after
         try:
             res = self.executor.run(seq, versions)

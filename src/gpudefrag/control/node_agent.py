@@ -19,6 +19,7 @@ A request already answered for its move id is not taken again, so a restarted ag
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import time
 import urllib.error
@@ -187,6 +188,13 @@ class NodeAgent:
     def _image(self, ns: str, pod: str, container: str, move_id: str, record: Versions) -> str:
         paths = self.kubelet.checkpoint(ns, pod, container)
         archive = self.host_root / paths[0].lstrip("/")
+        # an agent killed during an earlier try of this request left its archive behind (the kubelet writes it,
+        # the agent removes it): the container's memory must not outlive the request, so those go too
+        stale = re.compile(re.escape(f"checkpoint-{pod}_{ns}-{container}-") + r"\d{4}-\d\d-\d\dT.*\.tar$")
+        for old in archive.parent.iterdir():
+            if old != archive and stale.match(old.name):
+                old.unlink(missing_ok=True)
+                self.log(f"{ns}/{pod}/{container}: removed {old.name}, left by an earlier try")
         try:
             img = build_image(archive, container, record, self.key,
                               extra={POD_ANN: f"{ns}/{pod}/{container}", "gpudefrag.io/move-id": move_id})

@@ -45,3 +45,19 @@ def kube_nodes(tmp_path_factory: pytest.TempPathFactory,
     finally:
         subprocess.run([str(NODE_SH), "lab-down", str(lab.dir)], capture_output=True, timeout=300)
         stop_lab(lab)
+
+
+SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", "gpudefrag", "gpudefrag-node"}
+
+
+@pytest.fixture(autouse=True)
+def _pods_gone_after_each_test(kube_nodes: KubeNodes) -> Iterator[None]:
+    """The package's tests share two nodes of 8 GPUs each: what one test left running (a replacement on real-b)
+    would keep the next one's pods from fitting. Its pods go, and are gone from the kubelets, before the next."""
+    yield
+    lab = kube_nodes.lab
+    for ns in lab.get("namespaces")["items"]:
+        name = ns["metadata"]["name"]
+        if name not in SYSTEM_NAMESPACES and not ns["metadata"].get("deletionTimestamp"):
+            lab.kubectl("-n", name, "delete", "pods", "--all", "--grace-period=0", "--timeout=120s", check=False,
+                        timeout=180)

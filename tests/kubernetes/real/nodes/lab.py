@@ -6,13 +6,17 @@ client certificate), paths inside a node translated to the host, the registry, t
 from __future__ import annotations
 
 import json
+import os
 import re
 import ssl
 import subprocess
+import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ..lab import REPO, KubeLab
 
@@ -125,3 +129,41 @@ def counter_pod(name: str, node: str, gpus: int, image: str, *, hold_mib: int = 
                                      "env": [{"name": "HOLD_MIB", "value": str(hold_mib)}],
                                      "resources": {"limits": limits,
                                                    "requests": {"cpu": "10m", "memory": "16Mi", **limits}}}]}}
+
+
+def agent_rbac(kube_nodes: KubeNodes) -> None:
+    """The agent's namespace, ServiceAccount and RBAC from the deployment manifests (not its DaemonSet: here the
+    agent runs as a process inside the node, the same program)."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/kubernetes/node-agent.yaml").read_text())
+            if d and d["kind"] != "DaemonSet"]
+    kube_nodes.lab.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def start_agent(kube_nodes: KubeNodes, node: str, key: Path, tmp: Path,
+                registry: str | None = None) -> subprocess.Popen[bytes]:
+    """`gpudefrag node-agent` for `node`, inside the node's mount namespace (the process is the agent itself:
+    nsenter execs it, so killing it is killing the agent), with its ServiceAccount's own token; log in
+    TMP/agent-NODE.log."""
+    lab = kube_nodes.lab
+    token = lab.kubectl("-n", "gpudefrag-node", "create", "token", "gpudefrag-node-agent").stdout.strip()
+    (tmp / "token").write_text(token)
+    kc = tmp / "agent.kubeconfig"
+    server = lab.kubectl("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout
+    lab.kubectl("config", "set-cluster", "local", f"--server={server}",
+                f"--certificate-authority={lab.dir / 'pki' / 'ca.crt'}", "--embed-certs", kubeconfig=kc)
+    lab.kubectl("config", "set-credentials", "sa", f"--token={token}", kubeconfig=kc)
+    lab.kubectl("config", "set-context", "sa", "--cluster=local", "--user=sa", kubeconfig=kc)
+    lab.kubectl("config", "use-context", "sa", kubeconfig=kc)
+    env = {**os.environ, "KUBECONFIG": str(kc), "PYTHONPATH": str(REPO / "src")}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    return subprocess.Popen(
+        [str(NODE_SH), "exec", str(lab.dir), node, sys.executable, "-m", "gpudefrag.cli.main", "node-agent",
+         "--node", node, "--registry", registry or f"http://{kube_nodes.registry}", "--key", str(key),
+         "--token-file", str(tmp / "token"), "--kubelet-ca", str(lab.dir / "pki" / "ca.crt")],
+        env=env, stdout=open(tmp / f"agent-{node}.log", "wb"), stderr=subprocess.STDOUT)
+
+
+def ensure_namespace(lab: KubeLab, ns: str) -> None:
+    """The tests of this package share one control plane: a namespace an earlier test made is reused."""
+    if lab.kubectl("get", "namespace", ns, check=False).returncode != 0:
+        lab.namespaces(ns)

@@ -30,7 +30,7 @@ from gpudefrag.engines.kubernetes import SimpleMove, build_move, load_kube
 from gpudefrag.engines.kubernetes.executor import ClientKubeApi, SequenceRunner
 
 from ..lab import ready
-from .lab import COUNTER, KubeNodes, counts
+from .lab import COUNTER, KubeNodes, counts, ensure_namespace
 
 pytestmark = pytest.mark.kube
 
@@ -181,8 +181,7 @@ def shared_storage(kube_nodes: KubeNodes, where: Path) -> None:
 def test_the_app_hook_moves_a_pod_with_its_own_state_through_exec(
         kube_nodes: KubeNodes, api_relay: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lab = kube_nodes.lab
-    if lab.kubectl("get", "namespace", NS, check=False).returncode != 0:
-        lab.namespaces(NS)
+    ensure_namespace(lab, NS)
     shared = tmp_path / "checkpoints"
     shared_storage(kube_nodes, shared)
     hook_image = kube_nodes.push_gpudefrag_image()

@@ -37,6 +37,9 @@ def test_the_deployed_controller_moves_a_pod_with_its_state(kube_nodes: KubeNode
         for ns in ("ml", "other"):
             lab.kubectl("-n", ns, "delete", "pods", "--all", "--grace-period=0", "--wait=false", check=False)
         lab.kubectl("delete", "node", "kwok-0", "--ignore-not-found", check=False)
+        # gone, not going: the next test applies the agent's namespace again
+        e2e.wait("namespaces gpudefrag, gpudefrag-node gone", lambda: all(lab.kubectl(
+            "get", "namespace", n, check=False).returncode != 0 for n in ("gpudefrag", "gpudefrag-node")), 180)
     print(json.dumps(out))
     assert out["moved"], out
     assert out["by"].startswith("gpudefrag-controller-")

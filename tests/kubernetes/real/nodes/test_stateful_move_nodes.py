@@ -8,13 +8,9 @@ goes on from where it was; the archive is gone from real-a; the journal says eac
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpudefrag.checkpoint.keys import load_key
 from gpudefrag.checkpoint.oci_registry import Registry, image_verifier
@@ -23,47 +19,18 @@ from gpudefrag.control.kube_journaled import JournaledMoves
 from gpudefrag.engines.kubernetes import SimpleMove, build_move, load_kube
 from gpudefrag.engines.kubernetes.executor import ClientKubeApi, SequenceRunner
 
-from ..lab import REPO, ready
-from .lab import COUNTER, NODE_SH, KubeNodes, counter_pod, counts
+from ..lab import ready
+from .lab import COUNTER, KubeNodes, agent_rbac, counter_pod, counts, ensure_namespace, start_agent
 
 pytestmark = pytest.mark.kube
 
 NS = "ml"
 
 
-def agent_rbac(kube_nodes: KubeNodes) -> None:
-    """The agent's namespace, ServiceAccount and RBAC from the deployment manifests (not its DaemonSet: here the
-    agent runs as a process inside the node, the same program)."""
-    docs = [d for d in yaml.safe_load_all((REPO / "deploy/kubernetes/node-agent.yaml").read_text())
-            if d and d["kind"] != "DaemonSet"]
-    kube_nodes.lab.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-
-
-def start_agent(kube_nodes: KubeNodes, node: str, key: Path, tmp: Path,
-                registry: str | None = None) -> subprocess.Popen[bytes]:
-    lab = kube_nodes.lab
-    token = lab.kubectl("-n", "gpudefrag-node", "create", "token", "gpudefrag-node-agent").stdout.strip()
-    (tmp / "token").write_text(token)
-    kc = tmp / "agent.kubeconfig"
-    server = lab.kubectl("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout
-    lab.kubectl("config", "set-cluster", "local", f"--server={server}",
-                f"--certificate-authority={lab.dir / 'pki' / 'ca.crt'}", "--embed-certs", kubeconfig=kc)
-    lab.kubectl("config", "set-credentials", "sa", f"--token={token}", kubeconfig=kc)
-    lab.kubectl("config", "set-context", "sa", "--cluster=local", "--user=sa", kubeconfig=kc)
-    lab.kubectl("config", "use-context", "sa", kubeconfig=kc)
-    env = {**os.environ, "KUBECONFIG": str(kc), "PYTHONPATH": str(REPO / "src")}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.Popen(
-        [str(NODE_SH), "exec", str(lab.dir), node, sys.executable, "-m", "gpudefrag.cli.main", "node-agent",
-         "--node", node, "--registry", registry or f"http://{kube_nodes.registry}", "--key", str(key),
-         "--token-file", str(tmp / "token"), "--kubelet-ca", str(lab.dir / "pki" / "ca.crt")],
-        env=env, stdout=open(tmp / f"agent-{node}.log", "wb"), stderr=subprocess.STDOUT)
-
-
 def test_the_executor_moves_a_counter_with_its_state_through_the_node_agent(
         kube_nodes: KubeNodes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lab = kube_nodes.lab
-    lab.namespaces(NS)
+    ensure_namespace(lab, NS)
     agent_rbac(kube_nodes)
     key_path = tmp_path / "ckpt.key"
     key = load_key(key_path, create=True)
