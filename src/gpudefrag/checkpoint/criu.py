@@ -445,10 +445,11 @@ def stream_checkpoint(backend: CriuBackend, pid: int, target_dir: Path, **kw: An
 def _release_checked(pid: int, checked: dict[str, tuple[int, int]], uid: int) -> None:
     """The job CRIU restored stopped (`--leave-stopped`): let it run only if every file CRIU opened for it is
     one it may have (`check_restored_files`); otherwise kill it, still stopped, and refuse (`owner-mismatch`)."""
-    tree = process_tree(pid)
+    tree = [pid]
     try:
+        tree = process_tree(pid)
         check_restored_files(tree, checked, uid)
-    except CheckpointError:
+    except BaseException:  # refused, or the look itself failed: never a job left stopped, never one unchecked
         for p in reversed(tree):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
