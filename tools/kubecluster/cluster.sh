@@ -64,7 +64,10 @@ restart)
 nodes)
   shift 2
   [ -f "$dir/admin.kubeconfig" ] || { log "$dir holds no cluster: run cluster.sh start $dir first"; exit 2; }
-  python3 "$here/gpu_nodes.py" "$@" | "$dir/bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" apply -f - >&2
+  # the options are checked before kubectl runs: a bad one is gpu_nodes.py's one line and exit 2, not kubectl's
+  # "no objects passed to apply" after it
+  list=$(python3 "$here/gpu_nodes.py" "$@") || exit 2
+  printf '%s\n' "$list" | "$dir/bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" apply -f - >&2
   exit 0 ;;
 start)
   if [ -d "$dir/etcd" ] && [ -n "$(ls -A "$dir/etcd" 2>/dev/null)" ]; then
