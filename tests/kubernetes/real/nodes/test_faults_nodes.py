@@ -204,3 +204,38 @@ def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_mov
     assert repl["spec"]["nodeName"] == "real-b" and ready(repl)
     log_b = kube_nodes.logs(NS, seq.replacement)
     assert len([ln for ln in log_b.splitlines() if ln.startswith("started ")]) == 1, log_b[:300]
+
+
+def test_the_target_kubelet_stopped_after_the_replacement_was_created_rolls_back(
+        kube_nodes: KubeNodes, setup: Path, tmp_path: Path) -> None:
+    """real-b's kubelet is stopped right after the replacement is created: it never runs there, the wait for it
+    times out, the rollback deletes it; once the kubelet is back it removes what it holds. The original never
+    stopped counting on real-a; in the end it is the only copy."""
+    lab = kube_nodes.lab
+    lab_dir = str(lab.dir)
+    counting(kube_nodes, "target-down")
+    agent = start_agent(kube_nodes, "real-a", setup, tmp_path)
+    stopped: list[bool] = []
+
+    def stop_target(_: MoveSequence, i: int, op: Op) -> None:
+        if op.kind is OpKind.WAIT_READY and not stopped:
+            subprocess.run([str(NODE_SH), "stop", lab_dir, "real-b", "kubelet"], check=True, capture_output=True,
+                           timeout=60)
+            stopped.append(True)
+
+    try:
+        m, res, steps, seq = move(kube_nodes, "target-down", setup, tmp_path, fault=stop_target,
+                                  options=MoveOptions(ready_timeout_s=45))
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        subprocess.run([str(NODE_SH), "restart", lab_dir, "real-b", "kubelet"], check=True, capture_output=True,
+                       timeout=120)
+        lab.wait("real-b Ready again", lambda: ready(lab.get("nodes", "real-b")), timeout=120)
+    assert stopped, steps
+    assert not res.ok and m.state is MigrationState.ROLLED_BACK, (res, steps)
+    assert any(s.startswith("wait-ready failed:") for s in steps), steps
+    lab.wait("the replacement gone once real-b's kubelet is back", lambda: lab.kubectl(
+        "-n", NS, "get", "pod", seq.replacement, check=False).returncode != 0, timeout=120,
+        state=lambda: lab.pod_states(NS))
+    only_the_original_runs(kube_nodes, "target-down", seq)
