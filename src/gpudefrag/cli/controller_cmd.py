@@ -3,6 +3,7 @@ the journal's history."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -169,10 +170,13 @@ def controller(
         who = os.environ.get("POD_NAME") or f"{socket.gethostname()}:{_journal_path(journal).absolute()}"
         lease = LeaderLease(api_client(context), lease_namespace, identity=who)
         lease.acquire()
-        # a clean stop (the Deployment's SIGTERM) gives the Lease back: the next controller need not wait
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         kj = Journal(_journal_path(journal), on_write=crash_hook_from_env())
         kj.claim()  # one controller per journal, for its whole life
+        # from here on a clean stop gives the Lease back, so the next controller need not wait it out: the loop's
+        # `finally`, and — for a stop while still setting up (the Deployment's SIGTERM) — the exit itself. Not
+        # before: a refused claim means another process of this identity holds the Lease; it is left alone.
+        atexit.register(lease.release)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         _remember(kj.path)
         from ..engines.kubernetes.moves import MoveOptions
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -72,15 +73,38 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_stops(kube: KubeLab) 
     a.release()
 
 
-def test_a_running_controller_that_loses_its_lease_stops_with_one_line(kube: KubeLab, tmp_path: Path) -> None:
-    """A long-running controller (no --once) holds the Lease while it cycles; when somebody else holds it (an
-    operator's takeover, a controller that judged it expired), it stops before its next cycle, one line."""
+def _long_running(kube: KubeLab, tmp_path: Path) -> subprocess.Popen[str]:
+    """`gpudefrag controller` without --once, on a one-node cluster."""
+    kube.nodes(gpu_node("gpu-node-0"))
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     env = {**kube.env, "PYTHONPATH": str(REPO / "src")}
-    p = subprocess.Popen([sys.executable, "-m", "gpudefrag.cli.main", "controller", "--policy", str(policy),
-                          "--engine", "kubernetes", "--interval", "0.5", "--journal", str(tmp_path / "journal.db")],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "gpudefrag.cli.main", "controller", "--policy", str(policy),
+                             "--engine", "kubernetes", "--interval", "0.5", "--journal",
+                             str(tmp_path / "journal.db")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_a_controller_stopped_with_sigterm_gives_its_lease_back(kube: KubeLab, tmp_path: Path) -> None:
+    """The Deployment stops its pod with SIGTERM: the Lease is given back, so the next controller need not wait
+    out its 60 s."""
+    p = _long_running(kube, tmp_path)
+    try:
+        kube.wait("the controller to take the Lease", lambda: holder(kube), timeout=60)
+        p.send_signal(signal.SIGTERM)  # at once: while it may still be setting up
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert holder(kube) is None, err
+
+
+def test_a_running_controller_that_loses_its_lease_stops_with_one_line(kube: KubeLab, tmp_path: Path) -> None:
+    """A long-running controller (no --once) holds the Lease while it cycles; when somebody else holds it (an
+    operator's takeover, a controller that judged it expired), it stops before its next cycle, one line."""
+    p = _long_running(kube, tmp_path)
     try:
         mine = kube.wait("the controller to take the Lease", lambda: holder(kube), timeout=60)
         assert mine.startswith(f"{os.uname().nodename}:") and mine.endswith("journal.db"), mine
