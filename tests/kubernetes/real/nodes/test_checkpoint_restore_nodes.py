@@ -57,6 +57,7 @@ def test_checkpoint_on_node_a_restores_on_node_b_and_keeps_counting(kube_nodes: 
     assert len(started) == 1
 
     image = kube_nodes.push_checkpoint_image(archive, "main", "gpudefrag/checkpoints/counter:t1", tmp_path / "ck.tar")
+    archive.unlink()  # it holds the container's memory; the package's later tests count real-a's archives
     restored = counter_pod("restored", "real-b", 2, image)
     restored["metadata"]["namespace"] = ns
     lab.create(restored)

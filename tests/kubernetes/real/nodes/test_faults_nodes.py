@@ -94,10 +94,10 @@ def only_the_original_runs(kube_nodes: KubeNodes, name: str, seq: MoveSequence) 
     assert len(started) == 1  # never restarted
 
 
-def archives(kube_nodes: KubeNodes) -> list[str]:
-    """The kubelet's checkpoint archives on real-a (they hold the container's memory)."""
+def archives(kube_nodes: KubeNodes, pod: str) -> list[str]:
+    """The kubelet's checkpoint archives of `pod` on real-a (they hold the container's memory)."""
     ckdir = kube_nodes.nodes["real-a"].dir / "kubelet" / "checkpoints"
-    return sorted(p.name for p in ckdir.glob("*.tar")) if ckdir.is_dir() else []
+    return sorted(p.name for p in ckdir.glob(f"checkpoint-{pod}_{NS}-*.tar")) if ckdir.is_dir() else []
 
 
 def test_registry_down_while_the_agent_pushes_leaves_the_original(kube_nodes: KubeNodes, setup: Path,
@@ -117,7 +117,7 @@ def test_registry_down_while_the_agent_pushes_leaves_the_original(kube_nodes: Ku
     failed = next(s for s in steps if s.startswith("wait-agent-checkpoint failed:"))
     assert "refused" in failed or "onnection" in failed, failed  # the push could not reach the registry
     only_the_original_runs(kube_nodes, "reg-down", seq)
-    assert archives(kube_nodes) == []
+    assert archives(kube_nodes, "reg-down") == []
 
 
 def test_a_tampered_checkpoint_image_is_refused_before_anything_is_created(kube_nodes: KubeNodes, setup: Path,
@@ -163,7 +163,6 @@ def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_mov
     the dead try's archive with its own, and the move ends on real-b — the workload running once."""
     lab = kube_nodes.lab
     counting(kube_nodes, "agent-killed", hold_mib=300)
-    ckdir = kube_nodes.nodes["real-a"].dir / "kubelet" / "checkpoints"
     agents = [start_agent(kube_nodes, "real-a", setup, tmp_path)]
     killed: list[str] = []
 
@@ -171,7 +170,7 @@ def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_mov
         if op.kind is not OpKind.WAIT_AGENT_CHECKPOINT or killed:
             return
         end = time.monotonic() + 60
-        while not (list(ckdir.glob("*.tar")) if ckdir.is_dir() else []):
+        while not archives(kube_nodes, "agent-killed"):
             assert time.monotonic() < end, "no archive appeared on real-a"
             time.sleep(0.02)
         agents[0].send_signal(signal.SIGKILL)
@@ -179,7 +178,7 @@ def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_mov
         ann = lab.get("pods", "agent-killed", ns=NS)["metadata"].get("annotations") or {}
         assert ANN_AGENT_RESULT not in ann, "the agent answered before it was killed"
         time.sleep(3)  # the kubelet finishes (or drops) the archive of the dead agent's request
-        killed.extend(archives(kube_nodes) or ["(the kubelet dropped it)"])
+        killed.extend(archives(kube_nodes, "agent-killed") or ["(the kubelet dropped it)"])
         agents.append(start_agent(kube_nodes, "real-a", setup, tmp_path / "again"))
 
     (tmp_path / "again").mkdir()
@@ -197,7 +196,7 @@ def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_mov
     flat = "".join(again.split())  # the agent's log wraps at 80 columns
     for name in killed:  # the dead try's archive, if the kubelet kept it, removed by the agent started again
         assert name.startswith("(") or f"removed{name},leftbyanearliertry" in flat, (killed, again[-2000:])
-    assert archives(kube_nodes) == []
+    assert archives(kube_nodes, "agent-killed") == []
     # exactly once: the replacement on real-b, counting on from the checkpoint; the original gone
     assert lab.kubectl("-n", NS, "get", "pod", "agent-killed", check=False).returncode != 0
     repl = lab.get("pods", seq.replacement, ns=NS)
@@ -229,9 +228,12 @@ def test_the_target_kubelet_stopped_after_the_replacement_was_created_rolls_back
     finally:
         agent.terminate()
         agent.wait(timeout=30)
-        subprocess.run([str(NODE_SH), "restart", lab_dir, "real-b", "kubelet"], check=True, capture_output=True,
-                       timeout=120)
-        lab.wait("real-b Ready again", lambda: ready(lab.get("nodes", "real-b")), timeout=120)
+        # the device plugin registers with a kubelet once: a new kubelet needs it started again for its GPUs
+        for c in ("kubelet", "fakegpu-plugin"):
+            subprocess.run([str(NODE_SH), "restart", lab_dir, "real-b", c], check=True, capture_output=True,
+                           timeout=120)
+        lab.wait("real-b Ready again with its 8 GPUs", lambda: (n := lab.get("nodes", "real-b")) and ready(n)
+                 and n["status"].get("allocatable", {}).get("nvidia.com/gpu") == "8", timeout=120)
     assert stopped, steps
     assert not res.ok and m.state is MigrationState.ROLLED_BACK, (res, steps)
     assert any(s.startswith("wait-ready failed:") for s in steps), steps
