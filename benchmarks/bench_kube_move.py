@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -74,14 +73,7 @@ def largest_count_gap(log: str) -> float:
 
 def _deploy_agent(e2e: Any, lab: Any, work: Path) -> Path:
     """The node agent by `kubectl apply -k` (the e2e overlay), the controller scaled to 0; returns the key."""
-    for ns in ("gpudefrag", "gpudefrag-node", "ml", "research", "other"):
-        lab.kubectl("create", "namespace", ns, check=False)
-    key = work / "checkpoint.key"
-    subprocess.run([sys.executable, "-m", "gpudefrag.cli.main", "keys", "init", "--key", str(key)], check=True,
-                   capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=60)
-    for ns in ("gpudefrag", "gpudefrag-node"):
-        lab.kubectl("-n", ns, "create", "secret", "generic", "gpudefrag-checkpoint-key",
-                    f"--from-file=checkpoint.key={key}")
+    key = e2e.install_key(lab, work)
     image = e2e.build_image(lab)
     lab.kubectl("apply", "-k", str(e2e.overlay(lab, work, image)), timeout=180)
     lab.kubectl("-n", "gpudefrag", "scale", "deployment", "gpudefrag-controller", "--replicas=0")

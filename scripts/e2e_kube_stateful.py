@@ -174,9 +174,9 @@ def counts(text: str) -> list[int]:
     return [int(m) for m in COUNT.findall(text)]
 
 
-def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
-    """From a cluster with its real nodes up to the JSON line (raises on any failure)."""
-    counter_image = f"{lab.registry}/gpudefrag/counter:dev"
+def install_key(lab: Lab, work: Path) -> Path:
+    """The namespaces the deployment and the scenario use, and a fresh checkpoint signing key (WORK/checkpoint.key)
+    as the Secret both the controller's and the node agent's namespaces mount (replaced if one is left)."""
     for ns in ("gpudefrag", "gpudefrag-node", "ml", "research", "other"):
         lab.kubectl("create", "namespace", ns, check=False)
     key = work / "checkpoint.key"
@@ -186,6 +186,13 @@ def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
         lab.kubectl("-n", ns, "delete", "secret", "gpudefrag-checkpoint-key", "--ignore-not-found")
         lab.kubectl("-n", ns, "create", "secret", "generic", "gpudefrag-checkpoint-key",
                     f"--from-file=checkpoint.key={key}")
+    return key
+
+
+def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
+    """From a cluster with its real nodes up to the JSON line (raises on any failure)."""
+    counter_image = f"{lab.registry}/gpudefrag/counter:dev"
+    install_key(lab, work)
     # the layout: real-a holds the counter (2 of 8 GPUs), real-b 6 GPUs the policy may not move (namespace
     # `other`), the KWOK node is full; an 8-GPU pod waits: 8 GPUs free in all, at most 6 on one node
     lab.apply(kwok_node("kwok-0"))

@@ -171,6 +171,17 @@ class KubeLab:
             raise AssertionError(f"kubectl {' '.join(args)}: {p.stderr.strip()}")
         return p
 
+    def token_kubeconfig(self, path: Path, token: str) -> Path:
+        """A kubeconfig at PATH that speaks to this cluster with a ServiceAccount's TOKEN (and its CA): what a
+        test needs to act as the controller or the node agent, never as the admin."""
+        server = self.kubectl("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout
+        self.kubectl("config", "set-cluster", "local", f"--server={server}",
+                     f"--certificate-authority={self.dir / 'pki' / 'ca.crt'}", "--embed-certs", kubeconfig=path)
+        self.kubectl("config", "set-credentials", "sa", f"--token={token}", kubeconfig=path)
+        self.kubectl("config", "set-context", "sa", "--cluster=local", "--user=sa", kubeconfig=path)
+        self.kubectl("config", "use-context", "sa", kubeconfig=path)
+        return path
+
     def create(self, *objs: dict[str, Any]) -> None:
         """`kubectl create` in order (namespaces and quotas before what they govern)."""
         self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}))

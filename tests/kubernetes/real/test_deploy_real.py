@@ -18,16 +18,6 @@ CONTROLLER = "system:serviceaccount:gpudefrag:gpudefrag-controller"
 AGENT = "system:serviceaccount:gpudefrag-node:gpudefrag-node-agent"
 
 
-def token_kubeconfig(kube: KubeLab, path: Path, token: str) -> Path:
-    server = kube.kubectl("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout
-    kube.kubectl("config", "set-cluster", "local", f"--server={server}",
-                 f"--certificate-authority={kube.dir / 'pki' / 'ca.crt'}", "--embed-certs", kubeconfig=path)
-    kube.kubectl("config", "set-credentials", "sa", f"--token={token}", kubeconfig=path)
-    kube.kubectl("config", "set-context", "sa", "--cluster=local", "--user=sa", kubeconfig=path)
-    kube.kubectl("config", "use-context", "sa", kubeconfig=path)
-    return path
-
-
 def refused(kube: KubeLab, kc: Path, *args: str, input: str | None = None, why: str = "forbidden") -> str:
     r = kube.kubectl(*args, kubeconfig=kc, check=False, input=input)
     assert r.returncode != 0 and why in r.stderr.lower(), (args, r.stdout, r.stderr)
@@ -53,7 +43,7 @@ def test_deployment_manifests_apply_and_rbac_suffices(kube: KubeLab, tmp_path: P
             (p.get("status") or {}).get("observedGeneration") for p in kube.get(
                 "validatingadmissionpolicies")["items"] if p["metadata"]["name"].startswith("gpudefrag-")))
         token = kube.kubectl("-n", "gpudefrag", "create", "token", "gpudefrag-controller").stdout.strip()
-        sa = token_kubeconfig(kube, tmp_path / "sa.kubeconfig", token)
+        sa = kube.token_kubeconfig(tmp_path / "sa.kubeconfig", token)
         # RBAC, as the API server answers it
         assert can(kube, CONTROLLER, "create", "pods", "-n", "ml")
         assert can(kube, CONTROLLER, "create", "pods", "--subresource=exec", "-n", "ml")
@@ -99,7 +89,7 @@ def test_deployment_manifests_apply_and_rbac_suffices(kube: KubeLab, tmp_path: P
             None))
         atok = kube.kubectl("-n", "gpudefrag-node", "create", "token", "gpudefrag-node-agent", "--bound-object-kind",
                             "Pod", "--bound-object-name", agent).stdout.strip()
-        akc = token_kubeconfig(kube, tmp_path / "agent.kubeconfig", atok)
+        akc = kube.token_kubeconfig(tmp_path / "agent.kubeconfig", atok)
         answer = "gpudefrag.io/agent-checkpoint-result={}"
         kube.kubectl("-n", "ml", "annotate", "pod", "notebook", answer, kubeconfig=akc)  # notebook is on gpu-node-1
         refused(kube, akc, "-n", "other", "annotate", "pod", "bystander", answer, why="own node")

@@ -147,13 +147,7 @@ def start_agent(kube_nodes: KubeNodes, node: str, key: Path, tmp: Path,
     lab = kube_nodes.lab
     token = lab.kubectl("-n", "gpudefrag-node", "create", "token", "gpudefrag-node-agent").stdout.strip()
     (tmp / "token").write_text(token)
-    kc = tmp / "agent.kubeconfig"
-    server = lab.kubectl("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout
-    lab.kubectl("config", "set-cluster", "local", f"--server={server}",
-                f"--certificate-authority={lab.dir / 'pki' / 'ca.crt'}", "--embed-certs", kubeconfig=kc)
-    lab.kubectl("config", "set-credentials", "sa", f"--token={token}", kubeconfig=kc)
-    lab.kubectl("config", "set-context", "sa", "--cluster=local", "--user=sa", kubeconfig=kc)
-    lab.kubectl("config", "use-context", "sa", kubeconfig=kc)
+    kc = lab.token_kubeconfig(tmp / "agent.kubeconfig", token)
     env = {**os.environ, "KUBECONFIG": str(kc), "PYTHONPATH": str(REPO / "src")}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     return subprocess.Popen(
