@@ -90,8 +90,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_registry(root: Path) -> RegistryLab | None:
-    """Start `docker-registry serve` on a free port; None when the binary is absent."""
+def start_registry(root: Path, *, read_only: bool = False) -> RegistryLab | None:
+    """Start `docker-registry serve` on a free port; None when the binary is absent. `read_only`: the registry's
+    own maintenance mode, which serves pulls and refuses every push (a registry that answers but will not
+    store)."""
     exe = shutil.which("docker-registry") or shutil.which("registry")
     if exe is None:
         return None
@@ -99,7 +101,9 @@ def start_registry(root: Path) -> RegistryLab | None:
     port = _free_port()
     cfg = root.parent / f"{root.name}-config.yml"
     cfg.write_text(f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {root}}}\n"
-                   f"  delete: {{enabled: true}}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+                   f"  delete: {{enabled: true}}\n"
+                   + ("  maintenance: {readonly: {enabled: true}}\n" if read_only else "")
+                   + f"http:\n  addr: 127.0.0.1:{port}\n")
     proc = subprocess.Popen([exe, "serve", str(cfg)], stdout=subprocess.DEVNULL,
                             stderr=open(root.parent / f"{root.name}.log", "wb"))  # noqa: SIM115
     end = time.monotonic() + 30

@@ -138,6 +138,92 @@ def test_registry_down_is_an_error_that_says_so(tmp_path: Path, key: bytes) -> N
     assert e.value.status == 0 and "registry" in str(e.value)
 
 
+def test_a_read_only_registry_refuses_the_push_and_no_image_is_left_to_name(tmp_path: Path, key: bytes) -> None:
+    """A registry that answers but will not store (its own read-only maintenance mode): the push fails with the
+    registry's refusal — which push, where, the status and its message — not as "unreachable"; nothing was
+    stored, so no reference exists to hand out."""
+    from ..conftest import part_missing, start_registry
+
+    ro = start_registry(tmp_path / "ro", read_only=True)
+    if ro is None:
+        part_missing("REGISTRY", "OCI REGISTRY CANNOT RUN HERE (install Debian's docker-registry: scripts/setup.sh "
+                     "all); registry tests are SKIPPED")
+    try:
+        img = build_image(archive(tmp_path / "a.tar"), "main", REC, key)
+        reg = Registry(ro.url, timeout_s=10)
+        with pytest.raises(RegistryError) as e:
+            reg.push("ml/counter-main", img, tag="m1")
+        msg = str(e.value)
+        assert e.value.status >= 400 and f"push of ml/counter-main:m1 to {ro.url}: the registry refused it " \
+            f"(HTTP {e.value.status})" in msg, msg
+        assert f"start upload: HTTP {e.value.status} " in msg, msg  # the first write, with the registry's words
+        with pytest.raises(RegistryError) as got:
+            reg.manifest("ml/counter-main", img.digest)
+        assert got.value.status == 404
+    finally:
+        ro.proc.terminate()
+        ro.proc.wait(timeout=30)
+
+
+def test_a_manifest_refused_after_its_blobs_leaves_no_reference(oci_registry, tmp_path: Path, key: bytes) -> None:
+    """The registry stores the blobs, then refuses the manifest (507: out of space, as a full registry or a
+    quota proxy answers; here a proxy on 127.0.0.1 in front of the real registry): the push fails naming the
+    manifest, the tag and the digest name nothing, so no partial image can be pulled or restored from."""
+    import http.client
+    import threading
+    import urllib.error
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlsplit
+
+    upstream = urlsplit(oci_registry.url).netloc
+
+    class Proxy(BaseHTTPRequestHandler):
+        def _any(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.command == "PUT" and "/manifests/" in self.path:
+                out, status, hdrs = b'{"errors":[{"code":"UNKNOWN","message":"insufficient storage"}]}', 507, []
+            else:
+                c = http.client.HTTPConnection(upstream, timeout=30)
+                c.request(self.command, self.path, body=body or None,
+                          headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+                r = c.getresponse()
+                out, status, hdrs = r.read(), r.status, r.getheaders()
+                c.close()
+            self.send_response(status)
+            for k, v in hdrs:
+                if k.lower() not in ("content-length", "connection", "transfer-encoding", "date", "server"):
+                    self.send_header(k, v)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(out)
+
+        do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = _any
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        img = build_image(archive(tmp_path / "a.tar"), "main", REC, key)
+        reg = Registry(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=10)
+        with pytest.raises(RegistryError) as e:
+            reg.push("ml/full-main", img, tag="m2")
+        msg = str(e.value)
+        assert e.value.status == 507 and "the registry refused it (HTTP 507): put manifest" in msg, msg
+        assert "insufficient storage" in msg, msg
+        direct = Registry(oci_registry.url)
+        assert direct.has_blob("ml/full-main", img.layer_digest)  # the blobs went through; nothing names them
+        for ref in ("m2", img.digest):  # neither the tag nor the digest names a manifest
+            with pytest.raises(urllib.error.HTTPError) as got:
+                urllib.request.urlopen(f"{oci_registry.url}/v2/ml/full-main/manifests/{ref}", timeout=10)
+            assert got.value.code == 404, ref
+    finally:
+        srv.shutdown()
+
+
 def test_only_digest_pinned_references_are_accepted() -> None:
     for bad in ("127.0.0.1:5000/x/y:latest", "127.0.0.1:5000/x/y@sha256:abc", "x@sha256:" + "0" * 64):
         with pytest.raises(ValueError):

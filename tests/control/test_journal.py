@@ -314,3 +314,29 @@ def test_a_second_controller_on_the_same_journal_is_refused(tmp_path: Path) -> N
         first.wait(timeout=30)
     again = subprocess.run([*cmd, "--max-cycles", "1"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize(("point", "survives"), [("checkpointing", 0), ("checkpointing:wait-agent-checkpoint", 1),
+                                                  ("checkpointing:verify-checkpoint-image", 2)])
+def test_the_crash_hook_kills_at_a_state_or_at_one_operation_of_it(tmp_path: Path, point: str,
+                                                                   survives: int) -> None:
+    """GPUDEFRAG_CRASH_AT names a state (the first transition into it) or a state and the operation about to be
+    taken (a Kubernetes move spends three operations in `checkpointing`): the process dies right after that
+    transition is durable, never earlier or later."""
+    code = (
+        "import sys\n"
+        "from gpudefrag.control.executor import crash_hook_from_env\n"
+        "from gpudefrag.control.journal import Journal, MigrationState as S\n"
+        "j = Journal(sys.argv[1], on_write=crash_hook_from_env())\n"
+        "m = j.create('ml/x', 'a', 'b')\n"
+        "ops = [{'op': k} for k in ('agent-checkpoint', 'wait-agent-checkpoint', 'verify-checkpoint-image')]\n"
+        "j.transition(m.id, S.PLANNED, data={'sequence': {'ops': ops}})\n"
+        "for i in range(3):\n"
+        "    j.transition(m.id, S.CHECKPOINTING, detail=f'op {i}', data={'op': i})\n"
+        "    j.transition(m.id, S.CHECKPOINTING, detail=f'op {i} ok')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "j.db")], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "GPUDEFRAG_CRASH_AT": point})
+    assert p.returncode == -9, p.stderr
+    with Journal(tmp_path / "j.db", readonly=True) as j:
+        assert j.steps(1)[-1]["detail"] == f"op {survives}"

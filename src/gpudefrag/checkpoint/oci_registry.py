@@ -116,16 +116,24 @@ class Registry:
         self._check(f"upload {digest}", status, body, (201,))
 
     def push(self, repo: str, image: CheckpointImage, tag: str | None = None) -> str:
-        """Push the archive, the config and the manifest; returns the digest-pinned reference."""
-        self.push_blob(repo, image.layer_digest, image.layer_size, path=image.archive)
-        self.push_blob(repo, image.config_digest, len(image.config), data=image.config)
+        """Push the archive, the config and the manifest; returns the digest-pinned reference. The manifest goes
+        last: a push refused on the way (a read-only or full registry, a proxy's 403) leaves at most blobs no
+        manifest names, and no reference to hand out. The error says which push failed, where, and whether the
+        registry was not reached or answered with a refusal (its status and message)."""
         ref = tag or image.digest
-        status, hdr, body = self._request("PUT", f"/v2/{repo}/manifests/{ref}", image.manifest,
-                                          {"Content-Type": MANIFEST_TYPE})
-        self._check("put manifest", status, body, (201,))
-        got = hdr.get("docker-content-digest")
-        if got and got != image.digest:
-            raise RegistryError(status, f"put manifest: the registry stored {got}, not {image.digest}")
+        try:
+            self.push_blob(repo, image.layer_digest, image.layer_size, path=image.archive)
+            self.push_blob(repo, image.config_digest, len(image.config), data=image.config)
+            status, hdr, body = self._request("PUT", f"/v2/{repo}/manifests/{ref}", image.manifest,
+                                              {"Content-Type": MANIFEST_TYPE})
+            self._check("put manifest", status, body, (201,))
+            got = hdr.get("docker-content-digest")
+            if got and got != image.digest:
+                raise RegistryError(status, f"put manifest: the registry stored {got}, not {image.digest}")
+        except RegistryError as e:
+            how = "could not be reached" if e.status == 0 else f"refused it (HTTP {e.status})"
+            raise RegistryError(e.status, f"push of {repo}:{ref} to {self.url}: the registry {how}: "
+                                f"{e.detail.removeprefix('registry: ')}") from None
         return self.reference(repo, image.digest)
 
     def manifest(self, repo: str, digest: str) -> bytes:

@@ -56,15 +56,21 @@ class Admission:
 
 
 def crash_hook_from_env() -> Callable[[Migration], None] | None:
-    """Fault injection for the kill tests: GPUDEFRAG_CRASH_AT=state[,state...] makes this process SIGKILL itself
-    right after the journal made a transition into one of those states durable (before acting on it)."""
+    """Fault injection for the kill tests: GPUDEFRAG_CRASH_AT=point[,point...] makes this process SIGKILL itself
+    right after the journal made a transition into one of those points durable (before acting on it). A point is
+    a state (`restoring`), or, for a Kubernetes move whose state spans several operations, a state and the
+    operation about to be taken (`checkpointing:wait-agent-checkpoint`: the agent's request is written, its answer
+    not yet read; `restoring:wait-ready`: the replacement exists) — the kinds in the journaled sequence."""
     spec = os.environ.get("GPUDEFRAG_CRASH_AT", "").strip()
     if not spec:
         return None
-    states = {s.strip() for s in spec.split(",") if s.strip()}
+    points = {s.strip() for s in spec.split(",") if s.strip()}
 
     def hook(m: Migration) -> None:
-        if m.state.value in states:
+        ops = (m.data.get("sequence") or {}).get("ops") or []
+        i = m.data.get("op")
+        op = ops[i].get("op") if isinstance(i, int) and 0 <= i < len(ops) else None
+        if m.state.value in points or f"{m.state.value}:{op}" in points:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return hook

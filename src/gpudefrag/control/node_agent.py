@@ -180,10 +180,41 @@ class NodeAgent:
         except Exception as e:  # every failure is answered: the controller must not wait out its timeout
             answer = {"move_id": req["move_id"], "error": str(e) or type(e).__name__, "node": self.node}
         self.log(f"{ns}/{name} move {req['move_id']}: {json.dumps(answer, sort_keys=True)}")
-        self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {
-            ANN_AGENT_RESULT: json.dumps(answer, sort_keys=True)}}})
         self.done[meta.get("uid", "")] = req["move_id"]
+        if not self._answer(ns, name, meta, answer):
+            self.log(f"{ns}/{name} move {req['move_id']}: the request was withdrawn meanwhile (the move rolled "
+                     "back); answer dropped")
         return answer
+
+    def _answer(self, ns: str, name: str, meta: dict[str, Any], answer: dict[str, Any]) -> bool:
+        """Write the answer only while the request it answers still stands on that very pod (one JSON patch with
+        a test: atomic on the API server). A controller that rolled the move back meanwhile (a restarted one
+        recovering, a timeout) withdrew the request and any answer; an answer written after that would stay
+        on the original for good. False: withdrawn, nothing written."""
+        key = ANN_AGENT_REQUEST.replace("~", "~0").replace("/", "~1")
+        res = ANN_AGENT_RESULT.replace("~", "~0").replace("/", "~1")
+        patch = [{"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
+                 {"op": "test", "path": f"/metadata/annotations/{key}",
+                  "value": (meta.get("annotations") or {}).get(ANN_AGENT_REQUEST)},
+                 {"op": "add", "path": f"/metadata/annotations/{res}", "value": json.dumps(answer, sort_keys=True)}]
+        try:
+            self.core.patch_namespaced_pod(name, ns, patch, _content_type="application/json-patch+json")
+            return True
+        except Exception as e:
+            # a failed test (422), or the pod gone (404): look again; only a request still standing is an error
+            if getattr(e, "status", None) not in (404, 409, 422):
+                raise
+            try:
+                now = self.core.api_client.sanitize_for_serialization(self.core.read_namespaced_pod(name, ns))
+            except Exception as again:
+                if getattr(again, "status", None) == 404:
+                    return False
+                raise
+            now_meta = now.get("metadata") or {}
+            if now_meta.get("uid") != meta.get("uid") or (now_meta.get("annotations") or {}).get(
+                    ANN_AGENT_REQUEST) != (meta.get("annotations") or {}).get(ANN_AGENT_REQUEST):
+                return False
+            raise
 
     def _image(self, ns: str, pod: str, container: str, move_id: str, record: Versions) -> str:
         paths = self.kubelet.checkpoint(ns, pod, container)

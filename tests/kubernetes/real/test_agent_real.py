@@ -101,3 +101,30 @@ def test_agent_answers_only_its_own_node_and_only_once(kube: KubeLab, oci_regist
     assert ANN_AGENT_RESULT not in kube.get("pod", "there", ns="ml")["metadata"]["annotations"]
     assert agent.sweep() == 0  # answered: a resync or a restarted agent does not checkpoint again
     assert NodeAgent(core, "gpu-node-0", agent.kubelet, agent.registry, agent.key, log=lambda m: None).sweep() == 0
+
+
+def test_an_answer_to_a_request_withdrawn_meanwhile_is_dropped(kube: KubeLab, oci_registry, tmp_path: Path) -> None:
+    """The controller rolled the move back (a restarted controller recovering, a timeout) while the agent was
+    still checkpointing: the request and any answer are withdrawn; the agent's late answer must not land on the
+    original (it would stay there for good). The same answer to a request still standing lands."""
+    from kubernetes import client
+
+    kube.nodes(gpu_node("gpu-node-0"))
+    kube.namespaces("ml")
+    req = json.dumps({"move_id": "m1", "containers": ["main"]})
+    kube.create(gpu_pod("late", 1, node="gpu-node-0", annotations={ANN_AGENT_REQUEST: req}),
+                gpu_pod("standing", 1, node="gpu-node-0", annotations={ANN_AGENT_REQUEST: req}))
+    api_client = kube.client()
+    core = client.CoreV1Api(api_client)
+    logs: list[str] = []
+    agent = NodeAgent(core, "gpu-node-0", Kubelet(f"https://127.0.0.1:{closed_port()}", timeout_s=5),
+                      Registry(oci_registry.url), load_key(tmp_path / "k", create=True), log=logs.append)
+    seen = {n: api_client.sanitize_for_serialization(core.read_namespaced_pod(n, "ml")) for n in ("late", "standing")}
+    # the rollback's own patch, between the agent reading the request and answering it
+    kube.kubectl("-n", "ml", "annotate", "pod", "late", f"{ANN_AGENT_REQUEST}-")
+    assert agent.handle(seen["late"]) is not None
+    assert ANN_AGENT_RESULT not in (kube.get("pod", "late", ns="ml")["metadata"].get("annotations") or {})
+    assert any("withdrawn meanwhile" in line and "answer dropped" in line for line in logs), logs
+    assert agent.handle(seen["standing"]) is not None
+    got = kube.get("pod", "standing", ns="ml")["metadata"]["annotations"]
+    assert json.loads(got[ANN_AGENT_RESULT])["move_id"] == "m1" and "unreachable" in got[ANN_AGENT_RESULT]
