@@ -184,3 +184,89 @@ def _is_profile(v: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# ------------------------------------------------------------------ CPU and memory held where the GPUs are free
+def cpu_node(name: str, gpus: int = 8, cpu_milli: int = 16_000) -> dict[str, Any]:
+    return node(name, gpus, cpu_milli=cpu_milli)
+
+
+def cpu_held(**cpu_pod: Any) -> Any:
+    """a: 8 GPUs free, 12 of its 16 cores held by the CPU-only pod c; b: its 8 GPUs held by x (pinned), 14 cores
+    free; the pending p asks for 8 GPUs and 8 cores: only a has the GPUs, only b the cores."""
+    return load_snapshot_dict({"now": NOW, "nodes": [cpu_node("a"), cpu_node("b")], "workloads": [
+        run("c", 0, "a", cpu_milli=12_000, **cpu_pod),
+        run("x", 8, "b", cpu_milli=2_000, movable=False, movable_reason="pinned"),
+        {"id": "p", "state": "pending", "gpus_per_node": 8, "cpu_milli": 8_000}]})
+
+
+def test_cpu_a_movable_cpu_only_pod_holds_is_fragmentation_and_the_plan_moves_it() -> None:
+    """Moving the CPU-only pod to b makes room on a: not an ordinary cause (moves fix it), so the one decision
+    plans, and the plan moves c off a (was: blocked by cpu-or-memory, no plan)."""
+    s = cpu_held()
+    d = decide(s, s.workload("p"))
+    assert d.diagnosis.codes == (C.FRAGMENTATION_CPU_MEMORY,) and d.diagnosis.is_fragmentation and not d.blocked_by
+    ev = d.diagnosis.primary.evidence
+    assert ev["lacking"] == ["CPU"] and ev["min_moves_to_clear"] == 1 and ev["clearable_nodes"] == ["a"]
+    assert d.feasible and d.plan is not None and d.chosen == "move"
+    assert [(m.workload_id, m.source, m.target) for m in d.plan.moves] == [("c", "a", "b")]
+
+
+def test_cpu_an_unmovable_pod_holds_stays_an_ordinary_cause() -> None:
+    """The same CPU held by a pod no plan may move (marked so, or kept by the policy's filter): no node could
+    hold p even after every movable job left it, so cpu-or-memory blocks, and says why."""
+    for s, opts in ((cpu_held(movable=False, movable_reason="pinned"), None),
+                    (cpu_held(), PlanOptions(movable=lambda w: w.id != "c"))):
+        d = decide(s, s.workload("p"), opts)
+        assert d.diagnosis.codes == (C.CPU_OR_MEMORY,) and d.blocked and d.plan is None
+        assert "no node could hold it even if every job the planner may move left it" in d.reason
+        anyway = decide(s, s.workload("p"), opts, plan_anyway=True)
+        assert not anyway.feasible
+
+
+def test_cpu_short_in_total_stays_an_ordinary_cause() -> None:
+    """b has only 3 cores free: c (12 cores) could leave a, but the cluster has 7 free cores in all and p asks
+    for 8 — no spreading of the jobs starts it."""
+    s = load_snapshot_dict({"now": NOW, "nodes": [cpu_node("a"), cpu_node("b")], "workloads": [
+        run("c", 0, "a", cpu_milli=12_000), run("x", 8, "b", cpu_milli=13_000),
+        {"id": "p", "state": "pending", "gpus_per_node": 8, "cpu_milli": 8_000}]})
+    d = decide(s, s.workload("p"))
+    assert d.diagnosis.codes == (C.CPU_OR_MEMORY,) and d.blocked
+    assert d.diagnosis.primary.evidence["short_in_total"] == ["CPU"]
+    assert "less CPU free in total" in d.reason
+
+
+@st.composite
+def cpu_clusters(draw: st.DrawFn) -> tuple[Any, Request]:
+    """2-3 nodes of 4 GPUs and 8 or 16 cores, running jobs of 0-4 GPUs and 1-12 cores (some not movable)
+    placed where they fit, and a pending request of 1-4 GPUs and 1-12 cores."""
+    n = draw(st.integers(2, 3))
+    cpus = [draw(st.sampled_from([8_000, 16_000])) for _ in range(n)]
+    gpus_left, cpu_left, wl = [4] * n, list(cpus), []
+    for i in range(draw(st.integers(0, 7))):
+        on, g, c = draw(st.integers(0, n - 1)), draw(st.integers(0, 4)), draw(st.integers(1, 12)) * 1000
+        if g <= gpus_left[on] and c <= cpu_left[on]:
+            gpus_left[on] -= g
+            cpu_left[on] -= c
+            wl.append(run(f"j{i}", g, f"n{on}", cpu_milli=c, movable=draw(st.booleans())))
+    r = Request(gpus_per_node=draw(st.integers(1, 4)), cpu_milli=draw(st.integers(1, 12)) * 1000)
+    wl.append({"id": "p", "state": "pending", "gpus_per_node": r.gpus_per_node, "cpu_milli": r.cpu_milli})
+    nodes = [cpu_node(f"n{i}", 4, cpus[i]) for i in range(n)]
+    return load_snapshot_dict({"now": NOW, "nodes": nodes, "workloads": wl}), r
+
+
+@settings(max_examples=150, deadline=None)
+@given(cpu_clusters())
+def test_an_ordinary_cause_is_one_no_move_fixes(case: tuple[Any, Request]) -> None:
+    """Whenever the planner, asked to plan anyway, finds moves that start the job, the decision had not called
+    it blocked (an ordinary cause is one moving running jobs cannot fix: `cpu-or-memory` included); and a CPU
+    or memory shortage reported as fragmentation is planned for."""
+    s, _ = case
+    d = decide(s, s.workload("p"))
+    anyway = decide(s, s.workload("p"), plan_anyway=True)
+    if anyway.feasible and anyway.plan is not None and anyway.plan.moves:
+        assert not d.blocked, d.diagnosis.as_dict()
+    if C.CPU_OR_MEMORY in d.diagnosis.codes:
+        assert not anyway.feasible, d.diagnosis.as_dict()
+    if d.diagnosis.codes == (C.FRAGMENTATION_CPU_MEMORY,):
+        assert d.plan is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -196,10 +198,12 @@ def test_decider_after_no_plan_asks_again_only_when_room_came_back():
     assert decider.asked == 5  # no room count: every change asks
 
 
-def test_decider_plans_anyway_when_the_policy_says_so():
-    """A 2-GPU pod whose GPUs are free on a but whose CPU a CPU-only pod holds: the decision calls that an ordinary
-    cause (cpu-or-memory) and plans nothing, unless the policy's `trigger.plan_anyway` asks for moves anyway —
-    then the CPU-only pod moves to b and the pod starts on a (a replayed policy file is replayed as written)."""
+def test_decider_moves_the_cpu_only_pod_that_holds_the_cpu_where_the_gpus_are_free():
+    """A 2-GPU pod whose GPUs are free on a but whose CPU a CPU-only pod holds: moving that pod makes room, so the
+    decision calls it fragmentation of CPU and memory (not the ordinary cause cpu-or-memory it was) and moves
+    it to b; the pod starts on a. With a filter that lets nothing move, it stays cpu-or-memory and nothing is
+    planned, unless the policy's `trigger.plan_anyway` asks for a plan anyway (a replayed policy file is
+    replayed as written): then a plan is made, and it is infeasible."""
     def setup() -> tuple[Cluster, Placed]:
         cl = Cluster.build(["a", "b"], [2, 2], ["G2", "G2"], [16_000, 16_000], [0, 0])
         placed = Placed.for_cluster(cl)
@@ -211,10 +215,15 @@ def test_decider_plans_anyway_when_the_policy_says_so():
     big = Pod(2, 1000, 8_000, 0)
     cl, placed = setup()
     plain = Decider(cl, placed, _options(DynamicConfig()), 60.0)
-    assert plain.rescue(9, big, 0.0, {0: 0.0, 1: 0.0}, 400.0, version=1, freed=1) is None
-    assert [c.code.value for c in plain.last.blocked_by] == ["cpu-or-memory"] and plain.last.plan is None
-    cl, placed = setup()
-    anyway = Decider(cl, placed, _options(DynamicConfig()), 60.0, plan_anyway=True)
-    got = anyway.rescue(9, big, 0.0, {0: 0.0, 1: 0.0}, 400.0, version=1, freed=1)
-    assert got == Choice(0, (0, 1)) and [p for p, *_ in anyway.last_moved] == [0]
+    got = plain.rescue(9, big, 0.0, {0: 0.0, 1: 0.0}, 400.0, version=1, freed=1)
+    assert [c.code.value for c in plain.last.causes] == ["fragmentation-cpu-memory"] and not plain.last.blocked_by
+    assert got == Choice(0, (0, 1)) and [p for p, *_ in plain.last_moved] == [0]
     assert placed.pods[0][1].node == 1
+    still = dataclasses.replace(_options(DynamicConfig()), movable=lambda w: False)
+    for anyway in (False, True):
+        cl, placed = setup()
+        kept = Decider(cl, placed, still, 60.0, plan_anyway=anyway)
+        assert kept.rescue(9, big, 0.0, {0: 0.0, 1: 0.0}, 400.0, version=1, freed=1) is None
+        assert [c.code.value for c in kept.last.blocked_by] == ["cpu-or-memory"]
+        assert kept.last.planned_anyway is anyway and (kept.last.plan is not None) is anyway
+        assert not kept.last.feasible and placed.pods[0][1].node == 0

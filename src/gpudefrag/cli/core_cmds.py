@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from ..core.decision import decide, decide_all
-from ..core.diagnose import Diagnosis, diagnose_all
+from ..core.diagnose import FRAGMENTED, Diagnosis, diagnose_all
 from ..core.fragmentation import FragReport, fits_mask, frag_report
 from ..core.model import MILLI, ClusterState, Request
 from ..demo import demo_document, demo_state
@@ -175,7 +175,7 @@ def print_diagnosis(d: Diagnosis) -> None:
         head += f" — scheduler says: {escape(d.scheduler_reason)}"
     console.print(head)
     for i, c in enumerate(d.causes, 1):
-        colour = "yellow" if c.code.value == "fragmentation" else "cyan"
+        colour = "yellow" if c.code in FRAGMENTED else "cyan"
         console.print(f"  {i}. [{colour}]{c.code.value}[/]: {escape(c.summary)}")
 
 

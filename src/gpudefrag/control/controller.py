@@ -284,8 +284,9 @@ class Controller:
         cron = tr.cron_due(self._last_cron, now)
         if tr.cron is not None:
             self._last_cron = now if self._last_cron is None or cron else self._last_cron
+        busy = self.executor.busy_workloads() if self.executor is not None else set()
         ctx = TriggerContext(state, now, tr, self.policy.budgets.max_plans_per_cycle, requested=requested,
-                             cron_due=cron, plan_anyway=self.plan_anyway)
+                             cron_due=cron, plan_anyway=self.plan_anyway, movable=self.options(busy).movable)
         targets = evaluate(ctx)
         self.next_due = pending_due(state, now, tr)
         decisions.extend(CycleEvent(kind, reason, detail) for kind, reason, detail in ctx.notes)

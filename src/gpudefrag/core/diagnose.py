@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..registry import Registry
-from .capacity import Shape, gpus_fit, share_counts
+from .capacity import NOT_TRACKED, Shape, gpus_fit, room_fits, share_counts
 from .fragmentation import (
     capacity_fits,
     eligible_mask,
@@ -51,13 +51,18 @@ class CauseCode(StrEnum):
     CPU_OR_MEMORY = "cpu-or-memory"
     INSUFFICIENT_GPUS = "insufficient-gpus"
     FRAGMENTATION = "fragmentation"
+    FRAGMENTATION_CPU_MEMORY = "fragmentation-cpu-memory"
     FITS_NOW = "fits-now"
 
 
 _ORDER = {c: i for i, c in enumerate(CauseCode)}
 
+# Fragmentation: what is free would hold the request, but not where it is. Of GPUs (scattered over nodes or
+# partly used GPUs), or of CPU and memory (the GPUs are free on a node whose CPU or memory jobs the planner may
+# move hold).
+FRAGMENTED = frozenset({CauseCode.FRAGMENTATION, CauseCode.FRAGMENTATION_CPU_MEMORY})
 # Causes that are not ordinary: a plan can help (fragmentation) or nothing is needed (fits-now).
-NOT_BLOCKING = frozenset({CauseCode.FRAGMENTATION, CauseCode.FITS_NOW})
+NOT_BLOCKING = FRAGMENTED | {CauseCode.FITS_NOW}
 # Causes that mean no node could ever hold the request as the cluster is built.
 IMPOSSIBLE = frozenset({CauseCode.REQUEST_TOO_LARGE, CauseCode.NO_SUCH_GPU_MODEL, CauseCode.MIG_PROFILE_UNAVAILABLE})
 
@@ -89,8 +94,8 @@ class Diagnosis:
 
     @property
     def is_fragmentation(self) -> bool:
-        """Fragmentation is the cause and nothing ordinary stands in the way."""
-        return self.codes == (CauseCode.FRAGMENTATION,)
+        """Fragmentation (of GPUs, or of CPU and memory) is the cause and nothing ordinary stands in the way."""
+        return bool(self.causes) and all(c in FRAGMENTED for c in self.codes)
 
     @property
     def blocking(self) -> tuple[Cause, ...]:
@@ -208,6 +213,12 @@ class Facts:
     def gpu_fit(self) -> np.ndarray:
         s = self.state
         return capacity_fits(s.free_milli, s.cpu_free, s.mem_free, self.r, _share_counts(s, self.r.gpu_milli))
+
+    @cached_property
+    def gpus_free(self) -> np.ndarray:
+        """Eligible nodes where the GPUs fit now (CPU and memory aside)."""
+        s, r = self.state, self.r
+        return self.eligible & gpus_fit(s.free_milli, Shape.of(r), _share_counts(s, r.gpu_milli))
 
     @cached_property
     def big_enough(self) -> np.ndarray:
@@ -480,21 +491,79 @@ def _mig_mixed(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
 
 def _gpu_only(f: Facts) -> bool:
     """The GPUs fit on enough eligible nodes (CPU and memory aside)."""
-    r = f.r
-    gpu_ok = f.eligible & gpus_fit(f.state.free_milli, Shape.of(r), _share_counts(f.state, r.gpu_milli))
-    return r.gpus_per_node > 0 and int(gpu_ok.sum()) >= r.node_count
+    return f.r.gpus_per_node > 0 and int(f.gpus_free.sum()) >= f.r.node_count
+
+
+def _per_resource(r: Request, times: int = 1) -> tuple[tuple[str, Shape], ...]:
+    """The request's CPU and its memory as two shapes of one resource each (what `capacity.room_fits` tests),
+    to say which of the two is lacking."""
+    return (("CPU", Shape(0, cpu_milli=r.cpu_milli * times)), ("memory", Shape(0, memory_mib=r.memory_mib * times)))
+
+
+def _short_in_total(state: ClusterState, r: Request) -> list[str]:
+    """Which of CPU and memory the schedulable nodes lack in total for the request's nodes: moves only carry
+    free room from node to node, so whatever moves, the request then takes its CPU and memory out of this
+    total. A node that does not track one of them (`capacity.NOT_TRACKED`) never lacks it."""
+    sched = state.schedulable_mask
+
+    def total(free: np.ndarray) -> int:
+        have = free[sched]
+        return NOT_TRACKED if (have >= NOT_TRACKED // 2).any() else int(have.clip(min=0).sum())
+
+    cpu, mem = total(state.cpu_free), total(state.mem_free)
+    return [what for what, shape in _per_resource(r, r.node_count) if not room_fits(cpu, mem, shape)]
 
 
 @cause_check(CauseCode.CPU_OR_MEMORY)
 def _cpu_memory(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
-    r = f.r
-    if f.is_mig or not _gpu_only(f) or int(f.fits.sum()) >= r.node_count:
+    """The GPUs are free on enough nodes, but those nodes lack the CPU or memory the request also asks for.
+    Moving running jobs is the answer (fragmentation of CPU and memory, not an ordinary cause) when the jobs
+    the planner may move would, by leaving, make room on enough nodes — the clearing count the GPU
+    fragmentation evidence gives (`_moves_to_clear`, over GPUs, CPU and memory alike) — and the schedulable
+    nodes have the CPU and memory free in total. Otherwise it is ordinary: no node could hold the request even
+    after every job it may move left it (CPU-only pods the policy keeps, DaemonSets), or the cluster is short
+    of CPU or memory, however the jobs are spread."""
+    r, state = f.r, f.state
+    n_fit = int(f.fits.sum())
+    if f.is_mig or not _gpu_only(f) or n_fit >= r.node_count:
         return ()
+    gpus_free = f.gpus_free
+    lacking = [what for what, shape in _per_resource(r)
+               if (gpus_free & ~room_fits(state.cpu_free, state.mem_free, shape)).any()]
+    asks = f"({r.cpu_milli / 1000:g} cores, {r.memory_mib} MiB per node)"
+    evidence: dict[str, object] = {"cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib,
+                                   "nodes_with_gpus_free": int(gpus_free.sum()), "lacking": lacking,
+                                   "nodes_fitting": n_fit}
+    short = _short_in_total(state, r)
+    clear: list[tuple[int, str]] = []
+    if not short:  # the nodes the request may use whose movable jobs, by leaving, make room (GPUs, CPU, memory)
+        candidates = f.usable_here & ~f.fits
+        if r.gpu_milli < MILLI:  # a share: the clearing count weighs whole GPUs only, so the share must fit now
+            candidates &= gpus_free
+        clear = _moves_to_clear(state, r, candidates, f.ctx.whole, f.movable)
+    if clear and n_fit + len(clear) >= r.node_count:
+        k_min = clear[0][0]
+        at_min = [name for k, name in clear if k == k_min]
+        evidence.update({"min_moves_to_clear": k_min, "nodes_clearable_with_min_moves": len(at_min),
+                         "clearable_nodes": [name for _, name in clear[:10]]})
+        held = " and ".join(lacking) or "CPU or memory"
+        return (Cause(
+            CauseCode.FRAGMENTATION_CPU_MEMORY,
+            f"the GPUs are free on {int(gpus_free.sum())} node(s), but not the {held} the request also asks for "
+            f"{asks}: running jobs hold it there, and the cluster has enough free in total; {len(at_min)} node(s) "
+            f"would each fit it by moving {k_min} job(s) (e.g. {', '.join(at_min[:3])})",
+            evidence,
+        ),)
+    if short:
+        evidence["short_in_total"] = short
+        why = (f"; the schedulable nodes have less {' and '.join(short)} free in total than the request asks "
+               "for, so no move makes room")
+    else:
+        why = "; no node could hold it even if every job the planner may move left it"
     return (Cause(
         CauseCode.CPU_OR_MEMORY,
-        "nodes with enough free GPUs lack the CPU or memory the request asks for "
-        f"({r.cpu_milli / 1000:g} cores, {r.memory_mib} MiB per node)",
-        {"cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib},
+        f"nodes with enough free GPUs lack the CPU or memory the request asks for {asks}{why}",
+        evidence,
     ),)
 
 
@@ -507,8 +576,8 @@ def _capacity(f: Facts, found: list[Cause]) -> Iterable[Cause]:
     r, state = f.r, f.state
     free = state.free_milli
     codes = {c.code for c in found}
-    if codes & IMPOSSIBLE or CauseCode.CPU_OR_MEMORY in codes:
-        return ()  # no node could ever hold it, or the GPUs are there and CPU/memory is missing
+    if codes & IMPOSSIBLE or codes & {CauseCode.CPU_OR_MEMORY, CauseCode.FRAGMENTATION_CPU_MEMORY}:
+        return ()  # no node could ever hold it, or the GPUs are there and CPU/memory is missing where they are
     n_fit = int(f.fits.sum())
     if n_fit >= r.node_count:
         return (Cause(

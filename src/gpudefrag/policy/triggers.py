@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from croniter import croniter
 from pydantic import Field, field_validator
 
-from ..core.model import ClusterState, Request
+from ..core.model import ClusterState, Request, Workload
 from ..registry import Registry
 from .base import Strict, cron_expression
 
@@ -94,6 +94,9 @@ class TriggerContext:
     requested: bool = False  # an explicit request (CLI / API) arrived since the last cycle
     cron_due: bool = False  # the cron schedule fired since the last cycle
     plan_anyway: bool = False  # asked in so many words (`--plan-anyway`): move even for a job a hold/limit blocks
+    # the planner's filter (policy filter, busy and wrapper-less jobs): whether CPU or memory that jobs hold is
+    # fragmentation (they may move) or an ordinary cause (they may not) depends on it, as in the decision
+    movable: Callable[[Workload], bool] | None = None
     notes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (kind, reason, detail)
     _frag: float | None = None
 
@@ -125,9 +128,10 @@ class TriggerContext:
         if not ids:
             return []
         from ..core.decision import decide_all  # loaded when used: the policy file's models import this module
+        from ..core.planner import PlanOptions
 
         out = []
-        for c in decide_all(self.state, ids, plan=False):
+        for c in decide_all(self.state, ids, PlanOptions(movable=self.movable), plan=False):
             if not c.blocked_by:
                 return []
             first = c.blocked_by[0]
@@ -169,6 +173,7 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
     ordinary cause keeps waiting are noted with their causes and skipped. Diagnosis stops once enough are found
     (the rest wait for later cycles)."""
     from ..core.decision import decide_all
+    from ..core.planner import PlanOptions
 
     pt = ctx.trigger.pending
     if pt is None:
@@ -185,7 +190,7 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
     ids = list(waited)  # state.pending order: oldest first
     step = max(limit, 8)
     for k in range(0, len(ids), step):  # in chunks (one shared diagnosis context each), stop once enough
-        for c in decide_all(ctx.state, ids[k : k + step], plan=False):
+        for c in decide_all(ctx.state, ids[k : k + step], PlanOptions(movable=ctx.movable), plan=False):
             d = c.diagnosis
             if d.workload_id is None:
                 continue
@@ -204,7 +209,7 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
             if len(out) < limit:
                 w = ctx.state.workload(d.workload_id)
                 out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, diagnosed "
-                                  "fragmentation", w.request, w.id))
+                                  f"{d.primary.code.value}", w.request, w.id))
                 ctx.note("trigger", out[-1].why, workload=w.id)
         if len(out) >= limit:
             break
