@@ -351,3 +351,37 @@ def test_migrations_history_keeps_ids_whole_and_fits_80_columns(tmp_path: Path) 
     lines = p.stdout.splitlines()
     assert all(len(x) <= 80 for x in lines) and "…" not in p.stdout, p.stdout
     assert p.stdout.count("rolling-back") == 2 and "rolled-back" in p.stdout
+
+
+def _cpu_held():  # type: ignore[no-untyped-def]
+    """node1: 8 GPUs free, 12 of 16 cores held by the CPU-only job cpu1; node2: its 8 GPUs held by a pinned job,
+    14 cores free; big (8 GPUs, 8 cores) waits."""
+    from gpudefrag.core.model import ClusterState, Node, Placement, Request, Workload, WorkloadState
+
+    ns = [Node(f"node{i}", 8, cpu_milli=16_000, partitions=("gpu",)) for i in (1, 2)]
+    wl = [Workload("cpu1", Request(0, cpu_milli=12_000, partition="gpu"), name="cpu-cache", submitted_at=1.0,
+                   placements=(Placement("node1", ()),)),
+          Workload("x", Request(8, cpu_milli=2_000, partition="gpu"), name="pinned", submitted_at=2.0,
+                   placements=(Placement("node2", tuple(range(8))),), movable=False, movable_reason="pinned"),
+          Workload("big", Request(8, cpu_milli=8_000, partition="gpu"), state=WorkloadState.PENDING, name="big8",
+                   submitted_at=100.0)]
+    return ClusterState.build(ns, wl, now=1000.0)
+
+
+def test_cpu_held_by_a_job_the_filter_lets_move_is_moved_and_one_it_keeps_is_a_skip(tmp_path: Path) -> None:
+    """The pending trigger diagnoses with the controller's own filter, as the decision does: the CPU-only job
+    that holds the CPU where the GPUs are free is moved when the filter lets it (fragmentation-cpu-memory), and
+    when the filter keeps it the job is skipped as blocked by cpu-or-memory, nothing planned."""
+    sim, c, j = setup(_cpu_held(), tmp_path, POLICY)
+    for _ in range(60):
+        c.cycle()
+        sim.advance(1.0)
+        if sim.jobs["big"].phase is JobPhase.RUNNING and not j.active():
+            break
+    assert sim.jobs["big"].phase is JobPhase.RUNNING and sim.jobs["big"].nodes == ("node1",)
+    assert [(m.workload_id, m.source, m.target) for m in j.all()] == [("cpu1", "node1", "node2")]
+    sim2, c2, j2 = setup(_cpu_held(), tmp_path / "kept", {**POLICY, "filter": {"names": ["big*", "pinned"]}})
+    r = c2.cycle()
+    assert not any(d.kind == "trigger" for d in r.decisions) and not r.plans
+    assert any(d.kind == "skip" and "cpu-or-memory" in d.reason for d in r.decisions), r.decisions
+    assert j2.all() == [] and sim2.calls == []
