@@ -245,3 +245,19 @@ def test_pooled_bound_keeps_the_gpu_model_a_pod_names(tmp_path: Path) -> None:
     assert not pooled.never_started.any() and pooled.wait.max() == 0
     spread = run_arm(ArmRun(spec, "fgd"))
     assert not spread.never_started.any()
+
+
+def test_deschedule_passes_keep_a_minimum_interval_whatever_the_trigger(tmp_path: Path) -> None:
+    """A 4-GPU pod waits 1,000 s behind two 4-GPU pods that hold every GPU, while 300 short CPU-only pods come
+    and go (two events a second). At trigger 0 the descheduler made a pass at every event (617 here, with no
+    interval); now its passes (`decisions`) are at least 60 s apart (`DynamicConfig.deschedule_min_interval_s`),
+    and at a trigger above that interval one per trigger, as before."""
+    hold = [row("h0", 4, 1000, 0, 1000), row("h1", 4, 1000, 0, 1000), row("w", 4, 1000, 1, 1100)]
+    churn = [f"c{i},100,64,0,0,,LS,Running,{2 + i},{3 + i},{2 + i}" for i in range(300)]
+    n, p = files(tmp_path, hold + churn)
+    spec = ReplaySpec(str(n), str(p), 0)
+    r = run_arm(ArmRun(spec, "fgd+deschedule", trigger_s=0))
+    assert r.wait[2] == pytest.approx(999, abs=1)  # nothing to evict helps it: it waits for the holders
+    assert 1 <= r.decisions <= math.ceil(1000 / 60) + 1
+    slow = run_arm(ArmRun(spec, "fgd+deschedule", trigger_s=200))
+    assert 1 <= slow.decisions <= math.ceil(800 / 200) + 1

@@ -19,7 +19,8 @@ than `trigger_s`; filter = jobs with at most `movable_max_gpus` GPUs may be touc
   array-level `sim/defrag.py: ArrayDefragmenter` (the descheduler/KAI way: victims chosen without checking
   that they fit elsewhere);
 - `deschedule`: the FGD authors' eviction descheduler (`sim/deschedule.py`, fragOnePod): at most one pass per
-  `trigger_s` while the head waits, each evicting up to ⌈ratio × pods running⌉; an evicted pod restarts (no
+  `trigger_s` while the head waits, and never two within `deschedule_min_interval_s` (60 s) whatever the
+  trigger, each evicting up to ⌈ratio × pods running⌉; an evicted pod restarts (no
   application checkpoint: its elapsed GPU-seconds are work lost) where the policy re-places it, or re-enters the
   queue when nothing fits.
 
@@ -68,6 +69,9 @@ class DynamicConfig:
     label: str = ""
     product: Policy | None = None  # migrate: the product's policy (trigger, filter, budget, heartbeat)
     deschedule_ratio: float = 0.05  # deschedule: a pass evicts at most this ratio of the running pods
+    # deschedule: at least this long between two passes, whatever the trigger (at trigger 0 the arm made a pass
+    # at every event: 16 CPU-minutes for one seed of a trace list); the passes are max(trigger_s, this) apart
+    deschedule_min_interval_s: float = 60.0
 
     @property
     def trigger(self) -> float:
@@ -105,7 +109,7 @@ class DynamicResult:
     work_gpu_s: float = 0.0  # GPU-seconds of useful work in the workload
     move_log: list[tuple[float, str, str, str, tuple[int, ...]]] = field(default_factory=list)
     """migrate: every move made, in order: (time, workload id `pod-N`, source node, target node, target GPUs)."""
-    decisions: int = 0  # migrate: how many times the one decision was asked
+    decisions: int = 0  # migrate: how many times the one decision was asked; deschedule: its passes
     first_start: np.ndarray = field(default_factory=lambda: np.zeros(0))  # NaN: never started
     end_time: float = 0.0  # when the simulation stopped
 
@@ -300,7 +304,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
     def try_deschedule() -> None:
         """One pass of the authors' descheduler; the victims restart where the policy re-placed them, or wait."""
         assert desched is not None
-        if sim.now - last_pass[0] < cfg.trigger_s:
+        if sim.now - last_pass[0] < max(cfg.trigger_s, cfg.deschedule_min_interval_s):
             return
         last_pass[0] = sim.now
         before = dict(placed.pods)
@@ -402,7 +406,8 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         moves=sim.stats.moves, evictions=sim.stats.evictions, move_gpu_s=sim.move_gpu_s,
         moved_bytes=sim.stats.moved_bytes, lost_gpu_s=sim.lost_gpu_s,
         work_gpu_s=float(sum(j.duration * j.gpu_equiv for j in wl.jobs)),
-        move_log=sim.move_log, decisions=decider.asked if decider is not None else 0,
+        move_log=sim.move_log,
+        decisions=decider.asked if decider is not None else desched.passes if desched is not None else 0,
         first_start=np.array([sim.runs[i].first_start for i in range(n)]), end_time=sim.now,
     )
     return res
