@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,7 @@ from .jobside.jobdir import JobDir, read_json
 from .jobside.messages import RunPhase
 
 if TYPE_CHECKING:
-    from .checkpoint.launch import JobUser
+    from .checkpoint.launch import AsUser, JobUser
 
 PR_SET_CHILD_SUBREAPER = 36
 STORE_FULL = "store-full"
@@ -68,6 +68,9 @@ class WrapperConfig:
     restarts: int = 0
     poll_s: float = 0.2
     user: JobUser | None = None  # whom the workload runs as (None: as the wrapper itself)
+    # the environment, folder and interpreter a run service's client chose (None: the wrapper's own): applied
+    # only after the drop to `user`, never seen by the stages that run as root
+    as_user: AsUser | None = None
 
     @staticmethod
     def from_env(argv: Sequence[str], **over: Any) -> WrapperConfig:
@@ -350,10 +353,13 @@ class Wrapper:
     def _fresh(self) -> None:
         from .checkpoint.launch import spawn_job
 
-        env = {**os.environ, "GPUDEFRAG_NODE_FILE": str(self.jd.node_file),
-               "GPUDEFRAG_WORKLOAD_ID": self.cfg.workload_id}
-        job = spawn_job(self.cfg.argv, stdout=self.jd.root / "workload.out", env=env, pidns=True, user=self.cfg.user,
-                        on_launch=self.guard.watch if self.guard is not None else None)
+        ours = {"GPUDEFRAG_NODE_FILE": str(self.jd.node_file), "GPUDEFRAG_WORKLOAD_ID": self.cfg.workload_id}
+        theirs = self.cfg.as_user
+        if theirs is not None:
+            theirs = replace(theirs, env={**theirs.env, **ours})
+        job = spawn_job(self.cfg.argv, stdout=self.jd.root / "workload.out",
+                        env={**os.environ, **ours} if theirs is None else None, pidns=True, user=self.cfg.user,
+                        user_env=theirs, on_launch=self.guard.watch if self.guard is not None else None)
         self.launcher = job.popen
         self._track(job.pid)
         self._log(f"started {' '.join(self.cfg.argv)} (pid {self.pid})")
@@ -525,6 +531,20 @@ class Wrapper:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.flags["term"] = self.flags["term"] or signum
 
+    def deliver(self, signum: int) -> bool:
+        """A signal that reached the wrapper another way (a run service's client forwards its own): acted on
+        exactly as if the wrapper had received it. False for a signal the wrapper does not take (SIGKILL,
+        SIGSTOP, SIGCHLD, ...: never passed on)."""
+        if signum == signal.SIGUSR2:
+            self.flags["scan"] = True
+        elif signum == signal.SIGUSR1:
+            self._forward(signum, None)
+        elif signum in _FATAL:
+            self._on_signal(signum, None)
+        else:
+            return False
+        return True
+
     def _forward(self, signum: int, frame: object) -> None:
         """SIGUSR1 is the SDK's checkpoint signal: the workload's (a namespace's PID 1 ignores it without a
         handler, so this never kills it)."""
@@ -608,9 +628,14 @@ class Wrapper:
 
 def run_wrapped(argv: Sequence[str], *, json_log: bool = False, **over: Any) -> int:
     """Check what can be checked before anything starts (the key exists, the schedule can fire), then run."""
+    return prepare(WrapperConfig.from_env(argv, **over), json_log=json_log).run()
+
+
+def prepare(cfg: WrapperConfig, *, json_log: bool = False) -> Wrapper:
+    """The wrapper for `cfg`, after the checks that must pass before anything starts (the key exists, the run
+    and job folders are root's alone, the heartbeat schedule can fire): one InputError/CheckpointError else."""
     from .checkpoint.keys import load_key
 
-    cfg = WrapperConfig.from_env(argv, **over)
     load_key(cfg.key_path, create=False)  # a missing key is an error here: only `checkpoint` creates one
     JobDir(cfg.run_dir, cfg.workload_id).ensure()  # a run or job folder others may write: refused now
     log = None
@@ -626,4 +651,4 @@ def run_wrapped(argv: Sequence[str], *, json_log: bool = False, **over: Any) -> 
     except ValidationError as e:  # a heartbeat schedule that cannot work: refused before anything starts
         err = e.errors()[0]
         raise InputError("gpudefrag run", "heartbeat." + ".".join(map(str, err["loc"])), err["msg"]) from None
-    return w.run()
+    return w

@@ -23,7 +23,7 @@ PKG = "gpudefrag"
 LAYER = {"errors": 0, "fileio": 0, "typed_json": 0, "registry": 0, "core": 0,
          "snapshot": 1, "policy": 1, "jobside": 1, "render": 1,
          "checkpoint": 2, "engines": 2, "sim": 2, "demo": 2,
-         "control": 3, "job": 3, "wrapper": 3,
+         "control": 3, "job": 3, "wrapper": 3, "run_service": 3,
          "web": 4, "cli": 4}
 
 

@@ -66,12 +66,15 @@ class Job:
 def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, cwd: Path | None = None,
               env: Mapping[str, str] | None = None, pidns: bool = False, netns: str | None = None,
               timeout: float = 30, on_launch: Callable[[int], None] | None = None,
-              user: JobUser | None = None) -> Job:
+              user: JobUser | None = None, user_env: AsUser | None = None) -> Job:
     """Start `argv` detached (own session, stdin /dev/null, stdio appended to files) and return its host PID.
     `on_launch` gets the launcher's PID as soon as it exists (a job wrapper's guard watches it from then on).
     `user`: the job's own uid, gid and groups — the namespaces are made with root's rights, then `setpriv`
     drops to the user's (all capabilities gone) before the job's command runs: it never has more than its
-    user has."""
+    user has. `user_env` (with `user`): an environment and folder the user chose (a run service's client's),
+    applied only once the user's rights are taken — the stages that still run as root (nsenter, unshare,
+    setpriv) get this process's own environment, so the user's LD_PRELOAD or LD_LIBRARY_PATH never reaches
+    them, and the folder is entered with the user's rights."""
     stdout = Path(stdout)
     stderr = Path(stderr) if stderr is not None else stdout
     prefix: list[str] = []
@@ -84,14 +87,22 @@ def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, 
     if user is not None:
         groups = ["--groups", ",".join(map(str, user.groups))] if user.groups else ["--clear-groups"]
         prefix += [_need("setpriv"), f"--reuid={user.uid}", f"--regid={user.gid}", *groups, "--inh-caps=-all"]
+    pass_fds: tuple[int, ...] = ()
+    if user is not None and user_env is not None:
+        memfd = user_env.memfd()
+        pass_fds = (memfd,)
+        prefix += [user_env.python, "-I", "-S", "-c", _APPLY_ENV, str(memfd), user_env.cwd]
     if pidns:
         prefix += [_need("setsid")]
     out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     err = out if stderr == stdout else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         p = subprocess.Popen([*prefix, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd,
-                             env=dict(env) if env is not None else None, start_new_session=True, close_fds=True)
+                             env=dict(env) if env is not None else None, start_new_session=True, close_fds=True,
+                             pass_fds=pass_fds)
     finally:
+        for fd in pass_fds:
+            os.close(fd)
         os.close(out)
         if err != out:
             os.close(err)
@@ -101,6 +112,43 @@ def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, 
     if prefix:
         pid = _job_pid(p, [*prefix, *argv], len(prefix), timeout)
     return Job(pid=pid, popen=p, stdout=stdout, stderr=stderr, pidns=pidns, netns=netns)
+
+
+# the stage that runs as the job's user (after setpriv): reads the user's environment (NUL-separated
+# NAME=value) from an inherited memfd, closes it, enters the user's folder with the user's rights, execs the rest
+_APPLY_ENV = """import os, sys
+fd = int(sys.argv[1]); data = b""
+while chunk := os.pread(fd, 1 << 20, len(data)):
+    data += chunk
+os.close(fd)
+env = dict(kv.split(b"=", 1) for kv in data.split(b"\\0") if b"=" in kv[1:])
+try:
+    os.chdir(sys.argv[2])
+except OSError as e:
+    sys.exit(f"gpudefrag run: cannot enter {sys.argv[2]}: {e.strerror}")
+try:
+    os.execvpe(sys.argv[3], sys.argv[3:], env)
+except OSError as e:
+    sys.exit(f"gpudefrag run: cannot run {sys.argv[3]}: {e.strerror}")
+"""
+
+
+@dataclass(frozen=True)
+class AsUser:
+    """What a job's user chose for their workload — its environment, its working folder, and an interpreter of
+    theirs (run as them) that applies both once root's rights are gone (see `spawn_job`)."""
+
+    env: Mapping[str, str]
+    cwd: str
+    python: str
+
+    def memfd(self) -> int:
+        fd = os.memfd_create("gpudefrag-env", 0)  # close-on-exec unless handed on (pass_fds)
+        data = b"".join(k.encode() + b"=" + v.encode() + b"\0" for k, v in self.env.items())
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        return fd
 
 
 def _need(tool: str) -> str:
