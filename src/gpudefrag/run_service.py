@@ -171,7 +171,7 @@ def _check_socket_folder(folder: Path) -> None:
                          f"else may write (it is uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): refused")
 
 
-def serve(cfg: ServiceConfig, *, ready: Any = None) -> None:
+def serve(cfg: ServiceConfig, *, json_log: bool = False) -> None:
     """Listen for clients until SIGTERM/SIGINT; each client is served by a forked child (its job's wrapper)."""
     from .checkpoint.keys import load_key
     from .jobside.jobdir import JobDir
@@ -204,9 +204,8 @@ def serve(cfg: ServiceConfig, *, ready: Any = None) -> None:
     signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"gpudefrag run-service: listening on {cfg.socket_path} (jobs: {cfg.jobs})", file=sys.stderr, flush=True)
-    if ready is not None:
-        ready()
+    print(json.dumps({"event": "listening", "socket": str(cfg.socket_path), "jobs": cfg.jobs}) if json_log else
+          f"gpudefrag run-service: listening on {cfg.socket_path} (jobs: {cfg.jobs})", file=sys.stderr, flush=True)
     while not stopping["now"]:
         try:
             conn, _ = srv.accept()
