@@ -36,6 +36,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from .errors import InputError
 
 DEFAULT_SOCKET = "/run/gpudefrag/run.sock"
 MAX_REQUEST = 4 << 20  # the command line and environment: 4 MiB at most
+LOCK_WAIT_S = 10.0  # how long a workload's next client waits for its previous wrapper to finish stopping
 # the signals a client forwards: those the wrapper acts on (never SIGKILL, SIGSTOP, SIGCHLD, SIGCONT, ...)
 _FORWARDED = tuple(s for s in signal.valid_signals() if s not in (
     signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN,
@@ -300,6 +302,7 @@ def _serve_client(cfg: ServiceConfig, conn: socket.socket) -> int:
             os.dup2(fd, to)  # the wrapper's lines go to the client's stderr, the workload's output to its stdout
             os.close(fd)
         w = prepare(wcfg, json_log=bool(req.get("json")))
+        _one_wrapper(w.jd.root, job.workload_id)
     except Refused as e:
         return _refuse(conn, f"gpudefrag run: refused: {e}")
     except ProcessLookupError:
@@ -329,6 +332,27 @@ def _serve_client(cfg: ServiceConfig, conn: socket.socket) -> int:
         with contextlib.suppress(OSError):
             conn.shutdown(socket.SHUT_RDWR)
     return code
+
+
+def _one_wrapper(job_dir: Path, workload_id: str, wait_s: float = LOCK_WAIT_S) -> None:
+    """One wrapper per workload: two (a second `gpudefrag run` in the same job, an `srun` step, say) would write
+    the same job folder and answer the same requests. The lock is on the job folder itself, held by this child
+    for its life (neither its guard nor the workload keeps the descriptor). A requeued job's new client waits a
+    moment for the old one's wrapper, which is still stopping its workload."""
+    import fcntl
+
+    fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return  # fd stays open (and locked) until this child exits
+        except BlockingIOError:
+            if time.monotonic() > end:
+                os.close(fd)
+                raise Refused(f"workload {workload_id} already has a wrapper (another `gpudefrag run` of it is "
+                              "running)") from None
+            time.sleep(0.2)
 
 
 def _listen(conn: socket.socket, w: Any) -> None:

@@ -374,3 +374,38 @@ def test_sbatch_as_a_user_with_gpudefrag_run_in_the_script(cluster, tmp_path: Pa
         os.chmod(munge, mode)
         svc.send_signal(signal.SIGTERM)
         svc.wait(timeout=20)
+
+
+def test_one_wrapper_per_workload_and_a_socket_folder_others_may_write_is_refused(service: Service,
+                                                                                  tmp_path: Path) -> None:
+    """A second `gpudefrag run` of a workload that already has a wrapper (in the same job: an `srun` step, a
+    second line in the script) would write the same job folder and answer the same requests: it is refused
+    with one line once the first has had time to stop (a requeued job's next client waits for it), and the
+    first runs on. A service whose socket folder others may write (they could swap the socket for theirs, and
+    receive every client's stdio) refuses to start."""
+    u = service.user
+    log = service.shared / "one.log"
+    first = service.client(f"{u.name}.one", workload(log))  # type: ignore[attr-defined]
+    try:
+        wait(lambda: len(steps(log)) >= 3)
+        second = service.client(f"{u.name}.one", ["sh", "-c", f"touch {service.shared}/second"])  # type: ignore[attr-defined]
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2 and "already has a wrapper" in err and err.strip().count("\n") == 0, err
+        assert not (service.shared / "second").exists() and first.poll() is None
+        n = len(steps(log))
+        wait(lambda: len(steps(log)) >= n + 3)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert first.returncode == 143
+    # a requeued job's next client: starts as soon as the previous wrapper is done
+    again = service.client(f"{u.name}.one", ["sh", "-c", "exit 4"])  # type: ignore[attr-defined]
+    again.communicate(timeout=60)
+    assert again.returncode == 4
+    bad = service.shared / "open"
+    bad.mkdir(mode=0o777)
+    os.chmod(bad, 0o777)
+    p = subprocess.run([GPUDEFRAG, "run-service", "--socket", str(bad / "run.sock"), "--run-dir",
+                        str(service.run_dir), "--store", str(tmp_path / "store"), "--key", str(tmp_path / "key"),
+                        "--jobs", "local"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "nobody else may write" in p.stderr and not (bad / "run.sock").exists(), p.stderr
