@@ -325,8 +325,9 @@ def test_sbatch_as_a_user_with_gpudefrag_run_in_the_script(cluster, tmp_path: Pa
     `exec gpudefrag run -- python ...`; the script runs as the user, so `gpudefrag run` is the run service's
     client. The service finds the job from the slurmstepd the client runs under and its user from Slurm, runs
     the workload as that user with the job's id, and the workload's output lands in the job's output file. A
-    job whose script claims another job's id is refused (one line in its output, the job fails); `scancel`
-    ends the client, and with it the workload."""
+    job whose script claims another job's id is refused (one line in its output, the job fails), and so is the
+    user's process inside another user's job (root's, whose script drops to the user); `scancel` ends the
+    client, and with it the workload."""
     u = throwaway_user
     munge = Path(cluster.env["SLURM_CONF"]).parents[1] / "munge"
     mode = munge.stat().st_mode & 0o7777
@@ -368,6 +369,17 @@ def test_sbatch_as_a_user_with_gpudefrag_run_in_the_script(cluster, tmp_path: Pa
         text = (shared_tmp / "w-claim.out").read_text()
         assert f"not {jid}: refused" in text and text.strip().count("\n") == 0, text
         assert cluster.job_state(bad)[0] != "COMPLETED"
+        # the user's process inside another user's job (root's job, whose script drops to the user): refused
+        foreign = shared_tmp / "w-foreign.sh"
+        foreign.write_text(f"#!/bin/bash\nexec setpriv --reuid={u.uid} --regid={u.gid} --clear-groups env "
+                           f"PYTHONPATH={USER_PATH} GPUDEFRAG_RUN_SOCKET={sock} {SYS_PY} -c "
+                           f"'from gpudefrag.cli.main import run; run()' run -- touch {shared_tmp}/foreign-ran\n")
+        fj = cluster.sh("sbatch", "--parsable", "-J", "w-foreign", "-o", str(shared_tmp / "w-foreign.out"),
+                        "-D", str(shared_tmp), str(foreign)).strip().split(";")[0]
+        wait(lambda: cluster.job_state(fj)[0] in ("FAILED", "COMPLETED", "GONE"), timeout=60)
+        text = (shared_tmp / "w-foreign.out").read_text()
+        assert f"Slurm job {fj} belongs to root(0), not to {u.name}" in text, text
+        assert not (shared_tmp / "foreign-ran").exists()
         cluster.sh("scancel", jid)
         wait(lambda: live_with(log) == [], timeout=60)
     finally:
