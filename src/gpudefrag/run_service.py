@@ -66,6 +66,7 @@ class ServiceConfig:
     key_path: Path
     jobs: str = "slurm"  # how a peer's job is established: "slurm" or "local"
     node: str | None = None  # "local": the node name (default: this host's name)
+    max_per_user: int = 64  # wrappers one user may have at once (each is a root process of this service)
     wrapper: dict[str, Any] = field(default_factory=dict)  # heartbeat_every_s, heartbeat_cron, keep
 
 
@@ -183,7 +184,8 @@ def serve(cfg: ServiceConfig, *, json_log: bool = False) -> None:
     if cfg.jobs not in ("slurm", "local"):
         raise InputError("--jobs", "", f"{cfg.jobs!r}: one of slurm, local")
     load_key(cfg.key_path, create=False)
-    JobDir(cfg.run_dir, "x").root.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    JobDir(cfg.run_dir, "x")  # the run folder is checked for each job (JobDir.ensure), before it is written
     _check_socket_folder(cfg.socket_path.parent)
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(cfg.socket_path).st_mode):
@@ -193,11 +195,12 @@ def serve(cfg: ServiceConfig, *, json_log: bool = False) -> None:
     os.chmod(cfg.socket_path, 0o666)  # any local user may connect; who they are is SO_PEERCRED's to say
     srv.listen(64)
     stopping = {"now": False}
+    users: dict[int, int] = {}  # serving child's pid -> its client's uid
 
     def reap(*_: object) -> None:
         with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
+            while (pid := os.waitpid(-1, os.WNOHANG)[0]) > 0:
+                users.pop(pid, None)
 
     def stop(*_: object) -> None:
         stopping["now"] = True
@@ -215,6 +218,13 @@ def serve(cfg: ServiceConfig, *, json_log: bool = False) -> None:
             if stopping["now"]:
                 break
             continue
+        try:
+            uid = peer_of(conn).uid
+        except OSError:
+            conn.close()
+            continue
+        # the child refuses one over the limit itself (it must read what the client sent before it closes)
+        over = sum(1 for u in list(users.values()) if u == uid) >= cfg.max_per_user
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child ends in os._exit
             code = 1
@@ -222,9 +232,13 @@ def serve(cfg: ServiceConfig, *, json_log: bool = False) -> None:
                 srv.close()
                 for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
                     signal.signal(s, signal.SIG_DFL)
-                code = _serve_client(cfg, conn)
+                code = (_refuse(conn, f"gpudefrag run: refused: uid {uid} already has {cfg.max_per_user} "
+                                      "workload(s) under this run service (--max-per-user)") if over
+                        else _serve_client(cfg, conn))
             finally:
                 os._exit(code)
+        if not over:
+            users[pid] = uid
         conn.close()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(cfg.socket_path)

@@ -64,9 +64,10 @@ class Service:
         return JobDir(self.run_dir, wid)
 
 
-def start_service(shared: Path, tmp_path: Path, *extra: str, jobs: str = "local") -> subprocess.Popen[str]:
-    (shared / "sock").mkdir(mode=0o755, exist_ok=True)
-    p = subprocess.Popen([GPUDEFRAG, "run-service", "--socket", str(shared / "sock" / "run.sock"), "--run-dir",
+def start_service(shared: Path, tmp_path: Path, *extra: str, jobs: str = "local",
+                  sock: str = "sock") -> subprocess.Popen[str]:
+    (shared / sock).mkdir(mode=0o755, exist_ok=True)
+    p = subprocess.Popen([GPUDEFRAG, "run-service", "--socket", str(shared / sock / "run.sock"), "--run-dir",
                           str(shared / "run"), "--store", str(tmp_path / "store"), "--key", str(tmp_path / "key"),
                           "--jobs", jobs, "--node", "nodeA", *extra], stderr=subprocess.PIPE, text=True)
     assert p.stderr is not None
@@ -421,3 +422,28 @@ def test_one_wrapper_per_workload_and_a_socket_folder_others_may_write_is_refuse
                         str(service.run_dir), "--store", str(tmp_path / "store"), "--key", str(tmp_path / "key"),
                         "--jobs", "local"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "nobody else may write" in p.stderr and not (bad / "run.sock").exists(), p.stderr
+
+
+def test_a_user_may_run_only_so_many_workloads_under_the_service(service: Service, tmp_path: Path) -> None:
+    """Each client's wrapper is a root process of the service: past `--max-per-user` a user's next client is
+    refused with one line (nothing starts), and is served again once one of theirs has ended."""
+    p = start_service(service.shared, tmp_path, "--max-per-user", "1", sock="sock1")
+    u = service.user
+    try:
+        sock = service.shared / "sock1" / "run.sock"
+        log = service.shared / "lim.log"
+        first = service.client(f"{u.name}.lim1", workload(log), sock=sock)  # type: ignore[attr-defined]
+        wait(lambda: len(steps(log)) >= 2)
+        second = service.client(f"{u.name}.lim2", ["sh", "-c", f"touch {service.shared}/lim2"], sock=sock)  # type: ignore[attr-defined]
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 2 and "--max-per-user" in err and err.strip().count("\n") == 0, err
+        assert not (service.shared / "lim2").exists()
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+        time.sleep(0.5)
+        third = service.client(f"{u.name}.lim2", ["sh", "-c", "exit 3"], sock=sock)  # type: ignore[attr-defined]
+        third.communicate(timeout=30)
+        assert third.returncode == 3
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)

@@ -78,6 +78,8 @@ def run_service(
     jobs: str = typer.Option("slurm", "--jobs", help="How a client's job is established: slurm (the slurmstepd "
                              "it runs under, and the job's user from scontrol) or local (workload ids USER.NAME)"),
     node: str = typer.Option(None, "--node", help="This node's name for --jobs local [default: the host name]"),
+    max_per_user: int = typer.Option(64, "--max-per-user", min=1, help="Workloads one user may run under this "
+                                      "service at once (each has a root wrapper process)"),
     json_out: bool = typer.Option(False, "--json", help="Say that it listens as one JSON object (stderr)"),
 ) -> None:
     """Run as root: serve `gpudefrag run` for job users (checkpoint/restore with CRIU, the store and the key are
@@ -88,4 +90,5 @@ def run_service(
     if store is None:
         raise fail("gpudefrag run-service: --store (or GPUDEFRAG_STORE) is needed")
     serve(ServiceConfig(socket_path=sock, run_dir=run_dir, store_root=store, key_path=key or default_key_path(),
-                        jobs=jobs, node=node, wrapper=_wrapper_settings(policy, heartbeat_every)), json_log=json_out)
+                        jobs=jobs, node=node, max_per_user=max_per_user,
+                        wrapper=_wrapper_settings(policy, heartbeat_every)), json_log=json_out)
