@@ -295,7 +295,7 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 def _serve_client(cfg: ServiceConfig, conn: socket.socket) -> int:
     """In the forked child: establish the peer's job, then be its wrapper. The exit status is the child's own."""
-    from .checkpoint.launch import AsUser, JobUser
+    from .checkpoint.launch import AsUser, JobUser, cgroup_procs_of
     from .wrapper import WrapperConfig, prepare
 
     peer = peer_of(conn)
@@ -306,12 +306,13 @@ def _serve_client(cfg: ServiceConfig, conn: socket.socket) -> int:
     try:
         req, fds = _read_request(conn)
         job = establish(cfg, peer, req["workload_id"])
+        cgroups = cgroup_procs_of(peer.pid)  # the workload runs where its job runs (its limits, its accounting)
         signal.pidfd_send_signal(pidfd, 0)  # the very process that connected is still there (no reused PID)
         wcfg = WrapperConfig(
             argv=list(req["argv"]), workload_id=job.workload_id, node=job.node, run_dir=cfg.run_dir,
             store_root=cfg.store_root, key_path=cfg.key_path, restarts=job.restarts,
             user=JobUser.of(peer.uid, peer.gid), as_user=AsUser(req["env"], req["cwd"], req["python"]),
-            **cfg.wrapper)
+            cgroups=cgroups, **cfg.wrapper)
         for fd, to in zip(fds, (0, 1, 2), strict=True):
             os.dup2(fd, to)  # the wrapper's lines go to the client's stderr, the workload's output to its stdout
             os.close(fd)

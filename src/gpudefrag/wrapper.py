@@ -71,6 +71,8 @@ class WrapperConfig:
     # the environment, folder and interpreter a run service's client chose (None: the wrapper's own): applied
     # only after the drop to `user`, never seen by the stages that run as root
     as_user: AsUser | None = None
+    # the cgroup.procs files of the cgroups the workload must run in (a run service's client's: its job's)
+    cgroups: tuple[str, ...] = ()
 
     @staticmethod
     def from_env(argv: Sequence[str], **over: Any) -> WrapperConfig:
@@ -359,7 +361,8 @@ class Wrapper:
             theirs = replace(theirs, env={**theirs.env, **ours})
         job = spawn_job(self.cfg.argv, stdout=self.jd.root / "workload.out",
                         env={**os.environ, **ours} if theirs is None else None, pidns=True, user=self.cfg.user,
-                        user_env=theirs, on_launch=self.guard.watch if self.guard is not None else None)
+                        user_env=theirs, cgroups=self.cfg.cgroups,
+                        on_launch=self.guard.watch if self.guard is not None else None)
         self.launcher = job.popen
         self._track(job.pid)
         self._log(f"started {' '.join(self.cfg.argv)} (pid {self.pid})")
@@ -395,6 +398,14 @@ class Wrapper:
             return f"restore-failed: {e}"
         self.launcher = None
         self._track(res.pid)
+        if self.cfg.cgroups:  # CRIU put it back where it was dumped: into this job's cgroups, or not at all
+            from .checkpoint.launch import join_cgroups
+
+            try:
+                join_cgroups(res.pid, self.cfg.cgroups)
+            except OSError as e:
+                self.stop_workload(grace_s=0)
+                return f"restore-failed: cannot join the job's cgroups: {e}"
         self.last_ckpt_at = time.time()
         return None
 

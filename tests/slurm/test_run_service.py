@@ -447,3 +447,39 @@ def test_a_user_may_run_only_so_many_workloads_under_the_service(service: Servic
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=20)
+
+
+def _memory_cgroup(pid: int | str = "self") -> str:
+    return next(ln.split(":", 2)[2] for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if ln.split(":")[1] == "memory")
+
+
+def test_the_workload_runs_in_its_clients_cgroups_not_the_services(service: Service) -> None:
+    """Slurm confines a job with cgroups (memory, the GPUs it may open); a workload started by the service as its
+    child would escape them. The client's cgroups are the job's: the workload joins them before its first
+    process forks (here a memory cgroup made for the "job", which the client runs in and the service does not)."""
+    mem = Path("/sys/fs/cgroup/memory")
+    if not (mem / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 memory hierarchy mounted here")
+    job_cg = mem / _memory_cgroup().lstrip("/") / f"gpd-job-{os.getpid()}"
+    job_cg.mkdir()
+    u = service.user
+    try:
+        wid = f"{u.name}.cg"  # type: ignore[attr-defined]
+        client = [SYS_PY, "-c", "from gpudefrag.cli.main import run; run()", "run", "--socket", str(service.sock),
+                  "--workload-id", wid, "--", "sh", "-c", "grep :memory: /proc/self/cgroup"]
+        # the client is put in the job's cgroup before it runs, as slurmstepd puts a batch script
+        c = subprocess.Popen(["sh", "-c", 'echo $$ > "$0"; exec "$@"', str(job_cg / "cgroup.procs"), "setpriv",
+                              f"--reuid={u.uid}", f"--regid={u.gid}", "--clear-groups", "env", "-i",  # type: ignore[attr-defined]
+                              "PATH=/usr/bin:/bin", f"PYTHONPATH={USER_PATH}", *client],
+                             cwd=str(service.shared), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = c.communicate(timeout=60)
+        assert c.returncode == 0, err
+        assert out.strip().endswith(f":memory:{_memory_cgroup()}/{job_cg.name}"), out
+        assert _memory_cgroup(service.proc.pid) != f"{_memory_cgroup()}/{job_cg.name}"  # not the service's
+    finally:
+        for _ in range(50):
+            with contextlib.suppress(OSError):
+                job_cg.rmdir()
+                break
+            time.sleep(0.1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,7 +67,8 @@ class Job:
 def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, cwd: Path | None = None,
               env: Mapping[str, str] | None = None, pidns: bool = False, netns: str | None = None,
               timeout: float = 30, on_launch: Callable[[int], None] | None = None,
-              user: JobUser | None = None, user_env: AsUser | None = None) -> Job:
+              user: JobUser | None = None, user_env: AsUser | None = None,
+              cgroups: Sequence[str] = ()) -> Job:
     """Start `argv` detached (own session, stdin /dev/null, stdio appended to files) and return its host PID.
     `on_launch` gets the launcher's PID as soon as it exists (a job wrapper's guard watches it from then on).
     `user`: the job's own uid, gid and groups — the namespaces are made with root's rights, then `setpriv`
@@ -74,10 +76,14 @@ def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, 
     user has. `user_env` (with `user`): an environment and folder the user chose (a run service's client's),
     applied only once the user's rights are taken — the stages that still run as root (nsenter, unshare,
     setpriv) get this process's own environment, so the user's LD_PRELOAD or LD_LIBRARY_PATH never reaches
-    them, and the folder is entered with the user's rights."""
+    them, and the folder is entered with the user's rights. `cgroups`: the `cgroup.procs` files of the cgroups the
+    job must run in (a run service's client's: its Slurm job's); the first stage joins them before anything is
+    forked, so every process of the job is in them from its start, and the job does not start when that fails."""
     stdout = Path(stdout)
     stderr = Path(stderr) if stderr is not None else stdout
     prefix: list[str] = []
+    if cgroups:
+        prefix += [sys.executable, "-I", "-S", "-c", _JOIN_CGROUPS, *cgroups, "--"]
     if netns:
         prefix += [_need("nsenter"), f"--net={netns if '/' in netns else '/run/netns/' + netns}"]
     if pidns:
@@ -112,6 +118,58 @@ def spawn_job(argv: Sequence[str], *, stdout: Path, stderr: Path | None = None, 
     if prefix:
         pid = _job_pid(p, [*prefix, *argv], len(prefix), timeout)
     return Job(pid=pid, popen=p, stdout=stdout, stderr=stderr, pidns=pidns, netns=netns)
+
+
+# the first stage, as root: joins the given cgroups (writes its own PID into each cgroup.procs), then execs the rest
+_JOIN_CGROUPS = """import os, sys
+i = sys.argv.index("--")
+for f in sys.argv[1:i]:
+    try:
+        with open(f, "w") as fh:
+            fh.write(str(os.getpid()))
+    except OSError as e:
+        sys.exit(f"gpudefrag run: cannot join the job's cgroup {f}: {e.strerror}")
+os.execv(sys.argv[i + 1], sys.argv[i + 1:])
+"""
+
+
+def cgroup_procs_of(pid: int) -> tuple[str, ...]:
+    """The `cgroup.procs` file of each cgroup `pid` is in (every v1 hierarchy and the v2 one mounted here), to
+    place another process beside it. Hierarchies not mounted here (or mounted below their root) are left out."""
+    mounts: dict[str, str] = {}  # "" for cgroup2, else a v1 mount option (controller or name=...) -> mount point
+    for ln in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = ln.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(f) < 5 or len(r) < 3 or r[0] not in ("cgroup", "cgroup2") or f[3] != "/":
+            continue
+        for key in ([""] if r[0] == "cgroup2" else r[2].split(",")):
+            mounts.setdefault(key, f[4])
+    out: list[str] = []
+    for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        hid, ctrls, path = ln.split(":", 2)
+        mp = mounts.get("" if hid == "0" else ctrls.split(",")[0])
+        procs = os.path.join(mp, path.lstrip("/"), "cgroup.procs") if mp else ""
+        if procs and os.path.exists(procs):
+            out.append(procs)
+    return tuple(out)
+
+
+def join_cgroups(pid: int, cgroups: Sequence[str]) -> None:
+    """Move the process tree of `pid` (a restored job) into `cgroups`, until a pass finds no process it had not
+    moved (a child forked meanwhile by one not yet moved). OSError when a cgroup refuses a live process."""
+    moved: set[int] = set()
+    for _ in range(20):
+        todo = [p for p in process_tree(pid) if p not in moved]
+        if not todo:
+            return
+        for p in todo:
+            for f in cgroups:
+                try:
+                    with open(f, "w") as fh:
+                        fh.write(str(p))
+                except ProcessLookupError:
+                    break
+        moved.update(todo)
 
 
 # the stage that runs as the job's user (after setpriv): reads the user's environment (NUL-separated
