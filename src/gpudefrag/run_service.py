@@ -84,6 +84,7 @@ class JobOf:
     workload_id: str
     node: str
     restarts: int
+    gid: int | None = None  # the job's group (Slurm's GroupId); None: the account's primary group
 
 
 def peer_of(conn: socket.socket) -> Peer:
@@ -159,8 +160,9 @@ def establish(cfg: ServiceConfig, peer: Peer, claimed: str | None) -> JobOf:
     if owner is None or int(owner.group(1)) != peer.uid:
         raise Refused(f"Slurm job {job} belongs to {rec.get('UserId', '?')}, not to {user} ({peer.uid}): refused")
     restarts = rec.get("Restarts", "0")
+    group = re.match(r".*\((\d+)\)$", rec.get("GroupId", ""))
     return JobOf(job, rec.get("BatchHost") or cfg.node or socket.gethostname(),
-                 int(restarts) if restarts.isdigit() else 0)
+                 int(restarts) if restarts.isdigit() else 0, int(group.group(1)) if group else None)
 
 
 # ---------------------------------------------------------------------------------------------- the service
@@ -311,7 +313,8 @@ def _serve_client(cfg: ServiceConfig, conn: socket.socket) -> int:
         wcfg = WrapperConfig(
             argv=list(req["argv"]), workload_id=job.workload_id, node=job.node, run_dir=cfg.run_dir,
             store_root=cfg.store_root, key_path=cfg.key_path, restarts=job.restarts,
-            user=JobUser.of(peer.uid, peer.gid), as_user=AsUser(req["env"], req["cwd"], req["python"]),
+            # the job's group, else the account's: never the peer's own gid (a set-group-id program's)
+            user=JobUser.of(peer.uid, job.gid), as_user=AsUser(req["env"], req["cwd"], req["python"]),
             cgroups=cgroups, **cfg.wrapper)
         for fd, to in zip(fds, (0, 1, 2), strict=True):
             os.dup2(fd, to)  # the wrapper's lines go to the client's stderr, the workload's output to its stdout

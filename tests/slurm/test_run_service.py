@@ -359,7 +359,8 @@ def test_sbatch_as_a_user_with_gpudefrag_run_in_the_script(cluster, tmp_path: Pa
         cluster.wait_running(jid)
         wait(lambda: len(steps(log)) >= 5, timeout=60)
         pids = [p for p in live_with(log) if b"workload.py" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[1]]
-        assert pids and all(Path(f"/proc/{p}").stat().st_uid == u.uid for p in pids), pids
+        assert pids and all((Path(f"/proc/{p}").stat().st_uid, Path(f"/proc/{p}").stat().st_gid) == (u.uid, u.gid)
+                            for p in pids), pids  # the job's user and group (Slurm's UserId, GroupId)
         status = json.loads(JobDir(shared_tmp / "run", jid).status.read_text())
         assert status["phase"] == "fresh" and status["node"] == cluster.job_state(jid)[1], status
         out = shared_tmp / "w-svc.out"
