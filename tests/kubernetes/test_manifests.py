@@ -53,7 +53,7 @@ def test_rbac_is_least_privilege() -> None:
             } <= reads
     assert {v for _, _, v in reads} == {"get", "list", "watch"}
     assert moves == {("", "pods", "create"), ("", "pods", "patch"), ("", "pods", "delete"),
-                     ("", "pods/eviction", "create"), ("", "pods/exec", "create")}
+                     ("", "pods/eviction", "create")}
     for granted in (reads, moves):
         assert not any("*" in x for t in granted for x in t)
         assert not {("", "secrets", v) for v in ("get", "list", "watch")} & granted
@@ -73,6 +73,16 @@ def test_rbac_is_least_privilege() -> None:
          "verbs": ["get", "update"]}]
 
 
+def test_no_role_grants_exec_attach_or_the_kubelet_proxy() -> None:
+    """No gpudefrag component can run a command in a pod through the API server: the application hook's signal is
+    sent by the node agent through its own node's container runtime (control/node_agent.py)."""
+    roles = [d for _, d in DOCS if d["kind"] in ("Role", "ClusterRole")]
+    assert {r["metadata"]["name"] for r in roles} >= {"gpudefrag-controller", "gpudefrag-controller-moves",
+                                                      "gpudefrag-node-agent"}
+    granted = {r for _, r, _ in _grants(*roles)}
+    assert not granted & {"pods/exec", "pods/attach", "pods/portforward", "nodes/proxy", "*"}, granted
+
+
 def test_the_controller_writes_only_in_the_namespaces_its_policy_names() -> None:
     cm = next(d for _, d in DOCS if d["kind"] == "ConfigMap")
     pol = parse_policy(yaml.safe_load(cm["data"]["policy.yaml"]), "configmap.yaml")
@@ -83,14 +93,19 @@ def test_the_controller_writes_only_in_the_namespaces_its_policy_names() -> None
     assert "gpudefrag-controller-moves" not in crbs
 
 
-def test_only_the_node_agent_has_host_access_and_only_the_checkpoint_folder() -> None:
+def test_only_the_node_agent_has_host_access_and_only_the_checkpoint_folder_and_the_runtime_socket() -> None:
     agent = _grants(_doc("ClusterRole", "gpudefrag-node-agent"))
     assert agent == {("", "nodes", "get"), ("", "nodes/checkpoint", "create"), ("", "pods", "get"),
                      ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch")}
     ds = _doc("DaemonSet", "gpudefrag-node-agent")
     spec = ds["spec"]["template"]["spec"]
-    assert [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v] == ["/var/lib/kubelet/checkpoints"]
+    assert [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v] == ["/var/lib/kubelet/checkpoints",
+                                                                                  "/run/containerd"]
     c = spec["containers"][0]
+    # the runtime's folder read-only (a socket connects all the same), named to the agent as its CRI endpoint
+    assert next(m for m in c["volumeMounts"] if m["name"] == "runtime") == {
+        "name": "runtime", "mountPath": "/host/run/containerd", "readOnly": True}
+    assert c["args"][c["args"].index("--runtime-endpoint") + 1] == "unix:///host/run/containerd/containerd.sock"
     assert c["args"][0] == "node-agent" and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert not c["securityContext"].get("privileged")
     ns = {d["metadata"]["name"]: d["metadata"]["labels"] for _, d in DOCS if d["kind"] == "Namespace"}

@@ -169,13 +169,34 @@ def test_target_changed_since_planning_stops_at_verify(frag_cluster: KubeCluster
 
 
 def test_app_hook_sequence(frag_cluster: KubeCluster) -> None:
-    seq, _api, res = run(frag_cluster, BARE, options=MoveOptions(checkpoint="app"))
-    assert seq.kinds()[:4] == ["verify-target", "request-app-checkpoint", "signal", "wait-app-checkpoint"]
+    """A pod that opted in (gpudefrag.io/checkpoint: app) is asked through the node agent of its node, which
+    sends the signal through the node's runtime: no operation of the controller's is an exec."""
+    c = _annotated(frag_cluster, BARE.workload_id, {"gpudefrag.io/checkpoint": "app"})
+    seq, api, res = run(c, BARE)
+    assert seq.checkpoint_mode == "app"
+    assert seq.kinds()[:5] == ["verify-target", "request-app-checkpoint", "signal", "wait-agent-signal",
+                               "wait-app-checkpoint"]
     sig = next(o for o in seq.ops if o.kind is K.SIGNAL)
-    assert sig.params["command"] == ["kill", "-USR1", "1"]
+    assert sig.verb == "PATCH" and sig.path == "/api/v1/namespaces/ml/pods/notebook-ana"
+    assert json.loads(sig.body["metadata"]["annotations"][ANN_AGENT_REQUEST]) == {  # type: ignore[index]
+        "move_id": seq.move_id, "hook": {"container": "trainer", "signal": "USR1"}}
+    assert not any(p.endswith("/exec") for _, p in api.calls) and not any(o.path.endswith("/exec") for o in seq.ops)
     env = next(o.body for o in seq.ops if o.kind is K.CREATE_REPLACEMENT)["spec"]["containers"][0]["env"]  # type: ignore[index]
     assert {"name": "GPUDEFRAG_RESTORE_FROM", "value": f"/checkpoints/ml/notebook-ana/{seq.move_id}"} in env
     assert res.ok, res.error
+    assert res.steps[3].detail == "kill -USR1 1 in trainer through memory"
+
+
+def test_app_hook_for_a_pod_that_did_not_opt_in_is_refused_by_the_agent(frag_cluster: KubeCluster) -> None:
+    """The controller forced to the app hook (`--checkpoint app`) for a pod without the opt-in: the agent refuses,
+    says why where the executor reads its answer, and the move rolls back with the original untouched."""
+    seq, api, res = run(frag_cluster, BARE, options=MoveOptions(checkpoint="app"))
+    assert seq.checkpoint_mode == "app"
+    assert not res.ok and res.rolled_back
+    assert res.error.startswith("wait-agent-signal: node agent: pod ml/notebook-ana did not opt in"), res.error
+    assert ("POST", "/api/v1/namespaces/ml/pods") not in api.calls
+    ann = api.pods[("ml", "notebook-ana")]["metadata"]["annotations"]
+    assert not {ANN_AGENT_REQUEST, "gpudefrag.io/checkpoint-request"} & set(ann)
 
 
 def test_missing_verifier_fails_safely(frag_cluster: KubeCluster) -> None:

@@ -41,17 +41,23 @@ def node_agent(
     client_cert: Path = typer.Option(None, "--kubelet-client-cert", help="Client certificate for the kubelet, "
                                      "instead of a token"),
     client_key: Path = typer.Option(None, "--kubelet-client-key", help="Its key"),
+    runtime_endpoint: str = typer.Option("unix:///run/containerd/containerd.sock", "--runtime-endpoint",
+                                         envvar="CONTAINER_RUNTIME_ENDPOINT",
+                                         help="The node's CRI socket (the kubelet's --container-runtime-endpoint): "
+                                         "the application hook's signal is run in the container through it"),
     context: str = typer.Option(None, "--context", help="Kubeconfig context (default: in-cluster)"),
     once: bool = typer.Option(False, "--once", help="Answer what is pending now, then exit"),
     json_out: bool = typer.Option(False, "--json", help="Log one JSON object per event (stdout) instead of text"),
 ) -> None:
-    """Checkpoint pods of this node through its kubelet into signed OCI checkpoint images, when asked."""
+    """Checkpoint pods of this node through its kubelet into signed OCI checkpoint images, and signal a pod that
+    opted in to the application hook through the node's container runtime, when asked."""
     from kubernetes import client
 
     from ..checkpoint.keys import load_key
     from ..checkpoint.oci_registry import Registry
     from ..checkpoint.store import default_key_path
     from ..control.node_agent import SA_DIR, Kubelet, NodeAgent, kubelet_url
+    from ..engines.kubernetes.cri import CriError, Runtime
     from ..engines.kubernetes.live import api_client
 
     if not node:
@@ -76,9 +82,16 @@ def node_agent(
         else:
             console.print(message, markup=False, highlight=False)
 
+    if not runtime_endpoint.startswith(("unix://", "/")):
+        raise fail(f"--runtime-endpoint must be unix:///path or /path, not {runtime_endpoint!r}")
+    runtime = Runtime(runtime_endpoint)
+    try:  # only the application hook needs it: an unreachable runtime is said, not fatal
+        rt = f"{runtime.version()} at {runtime_endpoint}"
+    except CriError as e:
+        rt = f"none ({e}; application hook requests will be refused)"
     agent = NodeAgent(core, node, kl, Registry(registry, name=registry_name or None), sign_key, host_root=host_root,
-                      log=log)
-    log(f"node-agent on {node}: kubelet {url}, registry {registry}, pid {os.getpid()}")
+                      runtime=runtime, log=log)
+    log(f"node-agent on {node}: kubelet {url}, registry {registry}, runtime {rt}, pid {os.getpid()}")
     if once:
         agent.sweep()
         return

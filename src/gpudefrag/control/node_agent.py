@@ -13,6 +13,13 @@ pods bound to its node, then
    `{"move_id", "images": {container: "host/repo@sha256:..."}}` or `{"move_id", "error"}`);
 5. deletes the archive (it holds the container's memory) whether or not the push worked.
 
+The application hook goes the same way (`{"move_id", "hook": {"container", "signal"}}`): the agent sends the
+signal to PID 1 of that container by running `kill -SIG 1` inside it through its node's container runtime (CRI
+`ExecSync` on the runtime's socket, `engines.kubernetes.cri`) and answers `{"move_id", "hook": {...}}`. It does so
+only for a pod of its own node that opted in to the hook itself (`gpudefrag.io/checkpoint: app`, which the
+controller's admission forbids it to set), only with a hook signal (USR1, USR2), and refuses anything else with
+the reason in its answer: the controller holds no `pods/exec`, and the agent no cluster-wide exec either.
+
 A request already answered for its move id is not taken again, so a restarted agent or a resync is harmless.
 """
 
@@ -35,8 +42,9 @@ from ..core.compat import checkpoint_record
 from ..core.model import Versions
 from ..engines.kubernetes.access import At
 from ..engines.kubernetes.convert import to_cluster
+from ..engines.kubernetes.cri import CriError, Runtime
 from ..engines.kubernetes.dump import KubeObjects
-from ..engines.kubernetes.moves import ANN_AGENT_REQUEST, ANN_AGENT_RESULT
+from ..engines.kubernetes.moves import ANN_AGENT_REQUEST, ANN_AGENT_RESULT, ANN_CKPT_MODE, HOOK_SIGNALS
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -126,6 +134,7 @@ class NodeAgent:
     key: bytes
     host_root: Path = Path("/")  # where the node's filesystem is mounted in the agent's container
     repo_prefix: str = "gpudefrag/checkpoints"
+    runtime: Runtime | None = None  # the node's CRI socket: the application hook's signal goes through it
     log: Callable[[str], None] = print
     # pod uid -> the move id this process answered: events queued before its own answer still show the request
     # unanswered; forgotten once the request is withdrawn (a rolled-back move may ask again with the same id)
@@ -169,14 +178,17 @@ class NodeAgent:
         try:
             if req.get("error"):
                 raise AgentError(req["error"])
-            names = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
-            containers = req.get("containers") or []
-            if not containers or not all(isinstance(c, str) and c in names for c in containers):
-                raise AgentError(f"containers {containers!r} are not the pod's ({sorted(names)})")
-            record = compat_record(self._node(), pod)
-            images = {c: self._image(ns, name, c, req["move_id"], record) for c in containers}
-            answer: dict[str, Any] = {"move_id": req["move_id"], "images": images,
-                                      "seconds": round(time.monotonic() - t0, 3), "node": self.node}
+            answer: dict[str, Any] = {"move_id": req["move_id"]}
+            if "hook" in req:
+                answer["hook"] = self._hook(pod, req["hook"])
+            else:
+                names = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
+                containers = req.get("containers") or []
+                if not containers or not all(isinstance(c, str) and c in names for c in containers):
+                    raise AgentError(f"containers {containers!r} are not the pod's ({sorted(names)})")
+                record = compat_record(self._node(), pod)
+                answer["images"] = {c: self._image(ns, name, c, req["move_id"], record) for c in containers}
+            answer.update(seconds=round(time.monotonic() - t0, 3), node=self.node)
         except Exception as e:  # every failure is answered: the controller must not wait out its timeout
             answer = {"move_id": req["move_id"], "error": str(e) or type(e).__name__, "node": self.node}
         self.log(f"{ns}/{name} move {req['move_id']}: {json.dumps(answer, sort_keys=True)}")
@@ -215,6 +227,39 @@ class NodeAgent:
                     ANN_AGENT_REQUEST) != (meta.get("annotations") or {}).get(ANN_AGENT_REQUEST):
                 return False
             raise
+
+    def _hook(self, pod: dict[str, Any], hook: Any) -> dict[str, Any]:
+        """The application hook: `kill -SIG 1` in the container, through the node's runtime — only in a pod that
+        asked for it. Everything refused here is refused before the runtime is called."""
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        wid = f"{meta.get('namespace')}/{meta.get('name')}"
+        if (meta.get("annotations") or {}).get(ANN_CKPT_MODE) != "app":
+            raise AgentError(f"pod {wid} did not opt in to the application hook ({ANN_CKPT_MODE}: app); nothing "
+                             "was run in it")
+        if not isinstance(hook, dict):
+            raise AgentError("the hook request is not an object")
+        container, sig = hook.get("container"), hook.get("signal")
+        names = [c.get("name") for c in spec.get("containers") or []]
+        if container not in names:
+            raise AgentError(f"container {container!r} is not one of pod {wid}'s ({names})")
+        if sig not in HOOK_SIGNALS:
+            raise AgentError(f"signal {sig!r} is not a hook signal ({', '.join(HOOK_SIGNALS)}); nothing was sent")
+        status = next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
+                       if c.get("name") == container), {})
+        cid = str(status.get("containerID") or "")
+        if not (status.get("state") or {}).get("running") or "://" not in cid:
+            raise AgentError(f"container {container} of pod {wid} is not running")
+        if self.runtime is None:
+            raise AgentError("this agent has no container runtime endpoint (--runtime-endpoint)")
+        cmd = ["kill", f"-{sig}", "1"]
+        try:
+            res = self.runtime.exec_sync(cid.split("://", 1)[1], cmd)
+        except CriError as e:
+            raise AgentError(str(e)) from None
+        if res.exit_code != 0:
+            raise AgentError(f"{' '.join(cmd)} in {wid}/{container} exited {res.exit_code}: "
+                             f"{res.stderr.decode('utf-8', 'replace').strip()[:300]}")
+        return {"container": container, "signal": sig, "command": cmd, "runtime": self.runtime.endpoint}
 
     def _image(self, ns: str, pod: str, container: str, move_id: str, record: Versions) -> str:
         paths = self.kubelet.checkpoint(ns, pod, container)

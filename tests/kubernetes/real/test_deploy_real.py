@@ -46,17 +46,23 @@ def test_deployment_manifests_apply_and_rbac_suffices(kube: KubeLab, tmp_path: P
         sa = kube.token_kubeconfig(tmp_path / "sa.kubeconfig", token)
         # RBAC, as the API server answers it
         assert can(kube, CONTROLLER, "create", "pods", "-n", "ml")
-        assert can(kube, CONTROLLER, "create", "pods", "--subresource=exec", "-n", "ml")
         assert can(kube, CONTROLLER, "create", "pods", "--subresource=eviction", "-n", "ml")
+        # no exec anywhere, not even in the policy's namespaces: the application hook's signal is the node agent's
+        # (through its node's container runtime), so nothing the controller holds runs a command in a pod
         for args in (["get", "secrets", "-n", "gpudefrag"], ["create", "pods", "-n", "other"],
                      ["delete", "pods", "-n", "other"], ["create", "pods", "--subresource=exec", "-n", "other"],
+                     ["create", "pods", "--subresource=exec", "-n", "ml"],
+                     ["create", "pods", "--subresource=exec", "-n", "research"],
+                     ["create", "pods", "--subresource=exec", "-A"], ["get", "pods", "--subresource=exec", "-n", "ml"],
+                     ["create", "pods", "--subresource=attach", "-n", "ml"],
                      ["create", "nodes", "--subresource=proxy"], ["get", "nodes", "--subresource=proxy"],
                      ["create", "nodes", "--subresource=checkpoint"], ["create", "pods", "-n", "kube-system"],
                      ["delete", "nodes"]):
             assert not can(kube, CONTROLLER, *args), args
         assert can(kube, AGENT, "create", "nodes", "--subresource=checkpoint")
         for args in (["create", "nodes", "--subresource=proxy"], ["get", "nodes", "--subresource=proxy"],
-                     ["create", "pods", "--subresource=exec", "-n", "ml"], ["get", "secrets", "-A"],
+                     ["create", "pods", "--subresource=exec", "-n", "ml"],
+                     ["create", "pods", "--subresource=exec", "-A"], ["get", "secrets", "-A"],
                      ["delete", "pods", "-n", "ml"], ["create", "pods", "-n", "ml"]):
             assert not can(kube, AGENT, *args), args
 
@@ -66,6 +72,8 @@ def test_deployment_manifests_apply_and_rbac_suffices(kube: KubeLab, tmp_path: P
         refused(kube, sa, "delete", "node", "gpu-node-2")
         refused(kube, sa, "-n", "other", "delete", "pod", "bystander")
         refused(kube, sa, "-n", "other", "exec", "bystander", "--", "true")
+        # ... exec also into a pod it manages, in a namespace its policy moves pods in (notebook: a move candidate)
+        refused(kube, sa, "-n", "ml", "exec", "notebook", "--", "true")
         refused(kube, sa, "get", "--raw", "/api/v1/nodes/gpu-node-2/proxy/pods")
         # ... and, inside a namespace it may write in, by admission: no pod that is not a replacement, no
         # replacement with host access, no delete of a pod that is not its replacement, no spec or label change
@@ -82,6 +90,11 @@ def test_deployment_manifests_apply_and_rbac_suffices(kube: KubeLab, tmp_path: P
         refused(kube, sa, "-n", "ml", "label", "pod", "notebook", "app=hijacked", "--overwrite",
                 why="changes only")
         refused(kube, sa, "-n", "ml", "annotate", "pod", "notebook", "example.com/x=1", why="changes only")
+        # nor can it opt a pod in to the application hook (the node agent signals only a pod that asked for it)
+        refused(kube, sa, "-n", "ml", "annotate", "pod", "notebook", "gpudefrag.io/checkpoint=app",
+                why="never changes a pod's opt-ins")
+        refused(kube, sa, "-n", "ml", "annotate", "pod", "notebook", "gpudefrag.io/move-",  # its owner's choice
+                why="never changes a pod's opt-ins")
 
         # the node agent's token is bound to its own pod, on a node: it may answer on that node's pods only
         agent = kube.wait("a node agent pod on gpu-node-1", lambda: next(

@@ -3,7 +3,8 @@
 Kubernetes has no hold/requeue of a running pod: a move is a `MoveSequence` (see moves.py) run by the
 `SequenceRunner`, and this engine's `move()` does exactly that. The Slurm-shaped job actions map where Kubernetes has
 an equivalent: `release` removes a pod's scheduling gates, `pin` narrows a gated pod's node affinity (mutable
-while gated), `signal` execs `kill` in the pod; `hold` and `requeue_hold` are refused with the reason.
+while gated); `signal`, `hold` and `requeue_hold` are refused with the reason (gpudefrag holds no `pods/exec`: a
+pod is signalled only by its node agent, for a move's application hook, and only if it opted in).
 
 With `watch` (a long-lived process: the controller, the dashboard) the engine lists the cluster once and keeps
 it current with watches (watch.py); each observation then reads that cache instead of listing again.
@@ -167,16 +168,8 @@ class KubernetesEngine:
             raise EngineError(f"pin {job_id} (only a gated pod's affinity may change): {e}") from None
 
     def signal(self, job_id: str, signal: str, *, batch: bool = True) -> None:
-        ns, name = self._split(job_id)
-        pod = self._read_pod(job_id, ns, name)
-        if pod is None:
-            raise EngineError(f"signal {job_id}: no such pod")
-        containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
-        for c in containers[:1] if batch else containers:
-            try:
-                self.api.exec_command(ns, name, c, ["kill", f"-{signal.removeprefix('SIG')}", "1"])
-            except ApiError as e:
-                raise EngineError(f"signal {job_id}/{c}: {e}") from None
+        raise EngineError(f"signal {job_id}: gpudefrag holds no pods/exec on Kubernetes; a pod is signalled only by "
+                          "its node agent, for a move's application hook (gpudefrag.io/checkpoint: app)")
 
     def move(self, move: MoveLike, options: MoveOptions | None = None, *,
              verify_image: ImageVerifier | None = None) -> MoveResult:

@@ -52,7 +52,6 @@ class KubeApi(Protocol):
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
     def evict_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
     def delete_pod(self, namespace: str, name: str) -> None: ...
-    def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None: ...
 
 
 _T = TypeVar("_T")
@@ -265,13 +264,15 @@ class SequenceRunner:
             return self._wait_agent(p, ctx)
         if k is OpKind.VERIFY_IMAGE:
             return self._verify_images(p, ctx)
-        if k in (OpKind.AGENT_CHECKPOINT, OpKind.REQUEST_APP_CHECKPOINT, OpKind.SET_DELETION_COST,
+        if k is OpKind.WAIT_AGENT_SIGNAL:
+            hook = self._agent_answer(p, "signal").get("hook")
+            if not isinstance(hook, dict) or hook.get("container") != p["container"]:
+                raise StepFailed(f"node agent answered no signal to {p['container']} ({hook!r})")
+            return f"{' '.join(hook.get('command') or [])} in {p['container']} through {hook.get('runtime')}"
+        if k in (OpKind.AGENT_CHECKPOINT, OpKind.REQUEST_APP_CHECKPOINT, OpKind.SIGNAL, OpKind.SET_DELETION_COST,
                  OpKind.ADOPT_REPLACEMENT):
             api.patch_pod(p["namespace"], p["pod"], dict(op.body or {}))
             return op.detail
-        if k is OpKind.SIGNAL:
-            api.exec_command(p["namespace"], p["pod"], p["container"], list(p["command"]))
-            return " ".join(p["command"])
         if k is OpKind.WAIT_APP_CHECKPOINT:
             def done() -> bool:
                 pod = api.read_pod(p["namespace"], p["pod"])
@@ -347,16 +348,16 @@ class SequenceRunner:
             return f"{p['pod']} gone"
         raise StepFailed(f"unknown operation {k}")
 
-    def _wait_agent(self, p: Any, ctx: dict[str, Any]) -> str:
-        """Wait for the node agent's answer to this move's request; its error, or a missing container, fails
-        the step (the original never stopped: a kubelet checkpoint leaves it running)."""
+    def _agent_answer(self, p: Any, what: str) -> dict[str, Any]:
+        """Wait for the node agent's answer to this move's request; its error (a refusal says why) fails the step.
+        The original never stopped: a kubelet checkpoint leaves it running, and a hook only asks it to write."""
         api = self.api
         got: dict[str, Any] = {}
 
         def answered() -> bool:
             pod = api.read_pod(p["namespace"], p["pod"])
             if pod is None:
-                raise StepFailed("the original pod vanished while checkpointing")
+                raise StepFailed(f"the original pod vanished while waiting for the node agent's {what}")
             raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_AGENT_RESULT)
             if not raw:
                 return False
@@ -369,10 +370,14 @@ class SequenceRunner:
             got.update(doc)
             return True
 
-        self._wait(f"the node agent's checkpoint of {p['pod']}", p["timeout_s"], answered)
+        self._wait(f"the node agent's {what} of {p['pod']}", p["timeout_s"], answered)
         if got.get("error"):
             raise StepFailed(f"node agent: {got['error']}")
-        images = got.get("images")
+        return got
+
+    def _wait_agent(self, p: Any, ctx: dict[str, Any]) -> str:
+        """The agent's checkpoint images, one per container asked for."""
+        images = self._agent_answer(p, "checkpoint").get("images")
         if not isinstance(images, dict) or sorted(images) != sorted(p["containers"]):
             raise StepFailed(f"node agent answered images for {sorted(images or {})}, not {sorted(p['containers'])}")
         ctx["images"] = {str(c): str(ref) for c, ref in images.items()}
@@ -477,9 +482,3 @@ class ClientKubeApi:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self._call(lambda: self.core.delete_namespaced_pod(name, namespace))
-
-    def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None:
-        from kubernetes.stream import stream
-
-        self._call(lambda: stream(self.core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
-                                  command=command, stderr=True, stdout=True, stdin=False, tty=False))

@@ -3,8 +3,9 @@
 No API server can run on the machines this is built on, so the executor is exercised against this model of the
 server-side behaviour it relies on: pods start Pending and turn Ready after a few reads; the Eviction API refuses
 (429) what a PodDisruptionBudget forbids; a ReplicaSet adopts an orphan pod whose labels match it and removes
-its surplus pod of lowest `pod-deletion-cost`; the application hook answers a signal by writing its annotation;
-the node agent answers a checkpoint request with a checkpoint image per container, and `verify_image` vouches for
+its surplus pod of lowest `pod-deletion-cost`; the node agent answers a checkpoint request with a checkpoint
+image per container and a hook request (for a pod that opted in) with the signal, which the application answers
+by writing its annotation; and `verify_image` vouches for
 the images it made (carrying the workload's compatibility record).
 Faults are injected by name (`fail`), so the tests can prove that no original is ever deleted when the
 replacement fails. Every call is logged in `calls` as (verb, path).
@@ -21,7 +22,15 @@ from typing import Any
 from ...core.model import Versions
 from .convert import KubeCluster
 from .executor import ApiError, is_ready
-from .moves import ANN_AGENT_REQUEST, ANN_AGENT_RESULT, ANN_CKPT_DONE, ANN_CKPT_REQUEST, DELETION_COST
+from .moves import (
+    ANN_AGENT_REQUEST,
+    ANN_AGENT_RESULT,
+    ANN_CKPT_DONE,
+    ANN_CKPT_MODE,
+    ANN_CKPT_REQUEST,
+    DELETION_COST,
+    HOOK_SIGNALS,
+)
 
 
 class InMemoryApi:
@@ -138,7 +147,10 @@ class InMemoryApi:
         return copy.deepcopy(pod)
 
     def _agent(self, namespace: str, name: str, req: dict[str, Any]) -> str:
-        """The node agent's answer: an image per container, or the kubelet's failure."""
+        """The node agent's answer: an image per container, or the kubelet's failure; for a hook request, the
+        signal (and the application's answer on its pod), or the agent's refusal."""
+        if "hook" in req:
+            return json.dumps(self._hook(namespace, name, req))
         if "checkpoint" in self.fail:
             return json.dumps({"move_id": req["move_id"], "error": "checkpointing the container failed: CRIU not "
                                "available"})
@@ -149,6 +161,21 @@ class InMemoryApi:
             self._images[ref] = self._versions.get((namespace, name), Versions())
             images[c] = ref
         return json.dumps({"move_id": req["move_id"], "images": images})
+
+    def _hook(self, namespace: str, name: str, req: dict[str, Any]) -> dict[str, Any]:
+        pod = self.pods[(namespace, name)]
+        ann = pod["metadata"]["annotations"]
+        hook = req["hook"]
+        if ann.get(ANN_CKPT_MODE) != "app":
+            return {"move_id": req["move_id"], "error": f"pod {namespace}/{name} did not opt in to the application "
+                    f"hook ({ANN_CKPT_MODE}: app); nothing was run in it"}
+        if "signal" in self.fail or hook.get("signal") not in HOOK_SIGNALS:
+            return {"move_id": req["move_id"], "error": f"kill -{hook.get('signal')} 1 failed"}
+        if ANN_CKPT_REQUEST in ann:  # the application hook answers
+            ann[ANN_CKPT_DONE] = ann[ANN_CKPT_REQUEST]
+        return {"move_id": req["move_id"], "hook": {"container": hook["container"], "signal": hook["signal"],
+                                                    "command": ["kill", f"-{hook['signal']}", "1"],
+                                                    "runtime": "memory"}}
 
     def verify_image(self, ref: str) -> Versions:
         """The compatibility record of an image the agent made here (the executor's `verify_image`)."""
@@ -200,15 +227,3 @@ class InMemoryApi:
         self._log("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
         if self.pods.pop((namespace, name), None) is None:
             raise ApiError(404, f'pods "{name}" not found')
-
-    def exec_command(self, namespace: str, pod: str, container: str, command: list[str]) -> None:
-        self._log("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/exec")
-        if "signal" in self.fail:
-            raise ApiError(500, "exec failed")
-        p = self.pods.get((namespace, pod))
-        if p is None:
-            raise ApiError(404, f'pods "{pod}" not found')
-        ann = p["metadata"].setdefault("annotations", {}) or {}
-        p["metadata"]["annotations"] = ann
-        if ANN_CKPT_REQUEST in ann:  # the application hook answers
-            ann[ANN_CKPT_DONE] = ann[ANN_CKPT_REQUEST]

@@ -3,7 +3,8 @@
 For a pod on node A that should run on node B: check the target node's compatibility labels and the PDBs,
 checkpoint (through the node agent on A — an annotation the agent answers with a signed, digest-pinned OCI
 checkpoint image; the controller itself never reaches a kubelet — or through the application's own hook: an
-annotation and a signal), check the image's signature and compatibility record against B, create a replacement
+annotation, and a signal the same node agent sends through its node's container runtime, so the controller
+needs no `pods/exec`), check the image's signature and compatibility record against B, create a replacement
 pinned to B by node affinity that restores from the checkpoint, wait until it is Ready, and only then remove
 the original — through the Eviction API, so the API
 server itself enforces the PodDisruptionBudgets. Until that point a failure deletes the replacement and leaves
@@ -43,6 +44,9 @@ ANN_CKPT_DONE = "gpudefrag.io/checkpoint-done"
 ANN_AGENT_REQUEST = "gpudefrag.io/agent-checkpoint"
 ANN_AGENT_RESULT = "gpudefrag.io/agent-checkpoint-result"
 ANN_CKPT_MODE = "gpudefrag.io/checkpoint"  # on a pod: "app" or "kubelet" chooses how it is checkpointed
+# the signals the node agent sends for the application hook (`kill -SIG 1` in the container); never one that
+# stops or kills it
+HOOK_SIGNALS = ("USR1", "USR2")
 # on a pod: "recreate" = stateless (e.g. an inference replica): moved without a checkpoint, the replacement starts
 # fresh from the pod's own image. Only the pod's owner can opt in; no option turns it on for other pods.
 ANN_MOVE = "gpudefrag.io/move"
@@ -60,6 +64,7 @@ class OpKind(StrEnum):
     VERIFY_IMAGE = "verify-checkpoint-image"
     REQUEST_APP_CHECKPOINT = "request-app-checkpoint"
     SIGNAL = "signal"
+    WAIT_AGENT_SIGNAL = "wait-agent-signal"
     WAIT_APP_CHECKPOINT = "wait-app-checkpoint"
     CREATE_REPLACEMENT = "create-replacement"
     WAIT_READY = "wait-ready"
@@ -160,7 +165,7 @@ class MoveOptions:
     # "cold-start" (the policy's `fallback: evict`): the replacement starts fresh from the pod's own image
     on_incompatible: str = "refuse"
     checkpoint_root: str = "/checkpoints"  # app hook: where the application writes (shared storage)
-    signal: str = "USR1"
+    signal: str = "USR1"  # the application hook's signal, one of HOOK_SIGNALS (the node agent sends no other)
     # the policy's budgets (defaults: the default policy's, from `policy.options.ExecutorConfig`)
     ready_timeout_s: float = ExecutorConfig.restore_timeout_s
     checkpoint_timeout_s: float = ExecutorConfig.checkpoint_timeout_s  # the agent's checkpoint + push
@@ -344,10 +349,16 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
         ops.append(Op(OpKind.REQUEST_APP_CHECKPOINT, "PATCH", _pod_path(ns, pod),
                       body={"metadata": {"annotations": {ANN_CKPT_REQUEST: mid, ANN_CKPT_DEST: dest}}},
                       detail=f"ask the application to checkpoint to {dest}", params={"namespace": ns, "pod": pod}))
-        ops.append(Op(OpKind.SIGNAL, "POST", _pod_path(ns, pod, "exec"),
-                      detail=f"send SIG{options.signal} to PID 1 of {info.containers[0]}",
-                      params={"namespace": ns, "pod": pod, "container": info.containers[0],
-                              "command": ["kill", f"-{options.signal}", "1"]}))
+        hook = {"move_id": mid, "hook": {"container": info.containers[0], "signal": options.signal}}
+        ops.append(Op(OpKind.SIGNAL, "PATCH", _pod_path(ns, pod),
+                      body={"metadata": {"annotations": {ANN_AGENT_REQUEST: json.dumps(hook, sort_keys=True)}}},
+                      detail=f"ask the node agent on {info.node} to send SIG{options.signal} to PID 1 of "
+                             f"{info.containers[0]} through its container runtime",
+                      params={"namespace": ns, "pod": pod, "node": info.node}))
+        ops.append(Op(OpKind.WAIT_AGENT_SIGNAL, "GET", _pod_path(ns, pod),
+                      detail=f"wait for the agent's answer ({ANN_AGENT_RESULT})",
+                      params={"namespace": ns, "pod": pod, "move_id": mid, "container": info.containers[0],
+                              "timeout_s": options.checkpoint_timeout_s}))
         ops.append(Op(OpKind.WAIT_APP_CHECKPOINT, "GET", _pod_path(ns, pod),
                       detail=f"wait for annotation {ANN_CKPT_DONE}={mid}",
                       params={"namespace": ns, "pod": pod, "move_id": mid, "timeout_s": options.ready_timeout_s}))
@@ -386,8 +397,9 @@ def build_move(cluster: KubeCluster, move: MoveLike, options: MoveOptions | None
                            detail="withdraw the agent request", params={"namespace": ns, "pod": pod}))
     if mode == "app":
         rollback.append(Op(OpKind.CLEAR_REQUEST, "PATCH", _pod_path(ns, pod),
-                           body={"metadata": {"annotations": {ANN_CKPT_REQUEST: None, ANN_CKPT_DEST: None}}},
-                           detail="withdraw the checkpoint request", params={"namespace": ns, "pod": pod}))
+                           body={"metadata": {"annotations": {ANN_CKPT_REQUEST: None, ANN_CKPT_DEST: None,
+                                                              ANN_AGENT_REQUEST: None, ANN_AGENT_RESULT: None}}},
+                           detail="withdraw the checkpoint and agent requests", params={"namespace": ns, "pod": pod}))
     if strategy == "replicaset":
         rollback.append(Op(OpKind.SET_DELETION_COST, "PATCH", _pod_path(ns, pod),
                            body={"metadata": {"annotations": {DELETION_COST: None}}},

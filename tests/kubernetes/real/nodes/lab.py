@@ -142,8 +142,8 @@ def agent_rbac(kube_nodes: KubeNodes) -> None:
 def start_agent(kube_nodes: KubeNodes, node: str, key: Path, tmp: Path,
                 registry: str | None = None) -> subprocess.Popen[bytes]:
     """`gpudefrag node-agent` for `node`, inside the node's mount namespace (the process is the agent itself:
-    nsenter execs it, so killing it is killing the agent), with its ServiceAccount's own token; log in
-    TMP/agent-NODE.log."""
+    nsenter execs it, so killing it is killing the agent), with its ServiceAccount's own token and its node's
+    containerd as the CRI endpoint; log in TMP/agent-NODE.log."""
     lab = kube_nodes.lab
     token = lab.kubectl("-n", "gpudefrag-node", "create", "token", "gpudefrag-node-agent").stdout.strip()
     (tmp / "token").write_text(token)
@@ -153,7 +153,8 @@ def start_agent(kube_nodes: KubeNodes, node: str, key: Path, tmp: Path,
     return subprocess.Popen(
         [str(NODE_SH), "exec", str(lab.dir), node, sys.executable, "-m", "gpudefrag.cli.main", "node-agent",
          "--node", node, "--registry", registry or f"http://{kube_nodes.registry}", "--key", str(key),
-         "--token-file", str(tmp / "token"), "--kubelet-ca", str(lab.dir / "pki" / "ca.crt")],
+         "--token-file", str(tmp / "token"), "--kubelet-ca", str(lab.dir / "pki" / "ca.crt"),
+         "--runtime-endpoint", "unix://" + kube_nodes.nodes[node].env["CONTAINERD_ADDRESS"]],
         env=env, stdout=open(tmp / f"agent-{node}.log", "wb"), stderr=subprocess.STDOUT)
 
 

@@ -1,7 +1,10 @@
 """The application hook, for real: a pod annotated `gpudefrag.io/checkpoint: app` on real-a is asked through the
-API (the request annotations), signalled through `pods/exec` on its real kubelet (`kill -USR1 1`), writes its
-own state to shared storage and says so on its pod; the replacement on real-b starts with
-GPUDEFRAG_RESTORE_FROM and goes on from that state; the original is evicted only after.
+API (the request annotations); the node agent of real-a (a `gpudefrag node-agent` process inside real-a's mount
+namespace, with its ServiceAccount's own token) runs `kill -USR1 1` in its container through real-a's containerd
+(CRI ExecSync on the runtime's socket: no `pods/exec` anywhere); the application writes its own state to shared
+storage and says so on its pod; the replacement on real-b starts with GPUDEFRAG_RESTORE_FROM and goes on from
+that state; the original is evicted only after. A pod that did not opt in is refused by the agent, with the
+reason where the executor reads its answer, and never signalled.
 
 The application here is two containers: `main` (busybox sh from the counter image: it counts, and on SIGUSR1
 writes its count where it is told) and `hook`, a sidecar with the Kubernetes client (the gpudefrag image's
@@ -24,13 +27,15 @@ from typing import Any
 
 import pytest
 
+from gpudefrag.checkpoint.keys import load_key
 from gpudefrag.control.journal import Journal, MigrationState
 from gpudefrag.control.kube_journaled import JournaledMoves
-from gpudefrag.engines.kubernetes import SimpleMove, build_move, load_kube
+from gpudefrag.engines.kubernetes import MoveOptions, SimpleMove, build_move, load_kube
 from gpudefrag.engines.kubernetes.executor import ClientKubeApi, SequenceRunner
+from gpudefrag.engines.kubernetes.moves import ANN_AGENT_RESULT
 
 from ..lab import ready
-from .lab import COUNTER, KubeNodes, counts, ensure_namespace
+from .lab import COUNTER, KubeNodes, agent_rbac, counter_pod, counts, ensure_namespace, start_agent
 
 pytestmark = pytest.mark.kube
 
@@ -178,8 +183,26 @@ def shared_storage(kube_nodes: KubeNodes, where: Path) -> None:
          "subjects": [{"kind": "ServiceAccount", "name": "app-hook", "namespace": NS}]})
 
 
-def test_the_app_hook_moves_a_pod_with_its_own_state_through_exec(
-        kube_nodes: KubeNodes, api_relay: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def agent_a(kube_nodes: KubeNodes, tmp_path: Path) -> Iterator[Path]:
+    """The node agent of real-a, with its RBAC from the manifests; yields its log file."""
+    agent_rbac(kube_nodes)
+    key = tmp_path / "ckpt.key"
+    load_key(key, create=True)
+    agent = start_agent(kube_nodes, "real-a", key, tmp_path)
+    log = tmp_path / "agent-real-a.log"
+    try:
+        kube_nodes.lab.wait("the agent on real-a started", lambda: "node-agent on real-a" in log.read_text(),
+                            timeout=60)
+        yield log
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+
+
+def test_the_app_hook_moves_a_pod_with_its_own_state_through_the_node_agent(
+        kube_nodes: KubeNodes, api_relay: int, agent_a: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     lab = kube_nodes.lab
     ensure_namespace(lab, NS)
     shared = tmp_path / "checkpoints"
@@ -191,11 +214,14 @@ def test_the_app_hook_moves_a_pod_with_its_own_state_through_exec(
     lab.wait("the hook watching its pod", lambda: "hook watching" in kube_nodes.logs(NS, "app-counter", "hook"),
              timeout=60)
     lab.wait("the counter past 5", lambda: len(counts(kube_nodes.logs(NS, "app-counter"))) > 5, timeout=60)
+    # the agent reached real-a's containerd through its CRI socket
+    assert "runtime containerd v2." in agent_a.read_text(), agent_a.read_text()[-2000:]
 
     monkeypatch.setenv("KUBECONFIG", str(lab.kubeconfig))
     cluster = load_kube(live=True)
     seq = build_move(cluster, SimpleMove(f"{NS}/app-counter", "real-a", "real-b"))
     assert seq.ok and seq.checkpoint_mode == "app", seq.refused
+    assert not any(o.path.endswith("/exec") for o in seq.ops)
     ex = SequenceRunner(ClientKubeApi(lab.client()), poll_s=0.3)
     with Journal(tmp_path / "journal.db") as j:
         m, res = JournaledMoves(ex, j).run(seq, cluster.state.workload(f"{NS}/app-counter").versions)
@@ -203,11 +229,13 @@ def test_the_app_hook_moves_a_pod_with_its_own_state_through_exec(
     hook_log = ""
     if not res.ok:
         hook_log = lab.kubectl("-n", NS, "logs", "app-counter", "-c", "hook", check=False).stdout
-    assert res.ok, f"{res.error}\n{steps}\nhook:\n{hook_log[-2000:]}"
+    assert res.ok, f"{res.error}\n{steps}\nhook:\n{hook_log[-2000:]}\nagent:\n{agent_a.read_text()[-2000:]}"
     assert m.state is MigrationState.DONE
     kinds = [s.split(" ", 1)[0].rstrip(":") for s in steps]
-    assert kinds.index("signal") < kinds.index("wait-app-checkpoint") < kinds.index("create-replacement") \
-        < kinds.index("wait-ready") < kinds.index("evict-original"), kinds
+    assert kinds.index("signal") < kinds.index("wait-agent-signal") < kinds.index("wait-app-checkpoint") \
+        < kinds.index("create-replacement") < kinds.index("wait-ready") < kinds.index("evict-original"), kinds
+    endpoint = "unix://" + kube_nodes.nodes["real-a"].env["CONTAINERD_ADDRESS"]
+    assert f"wait-agent-signal ok: kill -USR1 1 in main through {endpoint}" in steps, steps
 
     # what the application wrote, on the shared storage, and the replacement going on from it
     written = list(shared.glob(f"{NS}/app-counter/*/state"))
@@ -224,3 +252,43 @@ def test_the_app_hook_moves_a_pod_with_its_own_state_through_exec(
     assert "started" not in log_b.splitlines()
     got = counts(log_b)
     assert got[0] == saved and all(b - a == 1 for a, b in itertools.pairwise(got)), got[:20]
+
+
+def test_the_agent_refuses_the_hook_for_a_pod_that_did_not_opt_in(
+        kube_nodes: KubeNodes, agent_a: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller forced to the app hook for a pod without `gpudefrag.io/checkpoint: app`: the agent runs
+    nothing in it and answers why; the executor fails the step with that reason, rolls back and leaves the
+    original running, never restarted."""
+    lab = kube_nodes.lab
+    ensure_namespace(lab, NS)
+    pod = counter_pod("plain-counter", "real-a", 2, kube_nodes.image(COUNTER))
+    pod["metadata"]["namespace"] = NS
+    pod["spec"].pop("nodeSelector")
+    pod["spec"]["nodeName"] = "real-a"
+    lab.create(pod)
+    lab.wait("plain-counter Running on real-a", lambda: ready(lab.get("pods", "plain-counter", ns=NS)),
+             timeout=120, state=lambda: lab.pod_states(NS))
+    monkeypatch.setenv("KUBECONFIG", str(lab.kubeconfig))
+    cluster = load_kube(live=True)
+    seq = build_move(cluster, SimpleMove(f"{NS}/plain-counter", "real-a", "real-b"), MoveOptions(checkpoint="app"))
+    assert seq.ok and seq.checkpoint_mode == "app", seq.refused
+    ex = SequenceRunner(ClientKubeApi(lab.client()), poll_s=0.3)
+    with Journal(tmp_path / "journal.db") as j:
+        m, res = JournaledMoves(ex, j).run(seq, cluster.state.workload(f"{NS}/plain-counter").versions)
+        steps = [s["detail"] for s in j.steps(m.id)]
+    why = f"pod {NS}/plain-counter did not opt in to the application hook (gpudefrag.io/checkpoint: app)"
+    assert not res.ok and res.rolled_back, steps
+    assert res.error.startswith(f"wait-agent-signal: node agent: {why}"), res.error
+    assert m.state is not MigrationState.DONE
+    assert any(why in s for s in steps), steps
+    assert why in agent_a.read_text()
+    # the original runs on, never signalled or restarted; the replacement was never created
+    now = lab.get("pods", "plain-counter", ns=NS)
+    assert ready(now) and now["spec"]["nodeName"] == "real-a"
+    assert now["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert lab.kubectl("-n", NS, "get", "pod", seq.replacement, check=False).returncode != 0
+    before = counts(kube_nodes.logs(NS, "plain-counter"))[-1]
+    lab.wait("the original to count on", lambda: counts(kube_nodes.logs(NS, "plain-counter"))[-1] > before + 2,
+             timeout=30)
+    # the rollback withdrew the request and the agent's answer
+    assert ANN_AGENT_RESULT not in (now["metadata"].get("annotations") or {})
