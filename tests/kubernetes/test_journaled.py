@@ -92,3 +92,30 @@ def test_crash_at_any_operation_recovers_to_one_copy(frag_cluster: KubeCluster, 
         assert replacement == committing, f"crash before op {k}: committed={committing}"
         assert (recovered[0].state is MigrationState.DONE) == committing
         assert recovered[0].state in (MigrationState.DONE, MigrationState.ROLLED_BACK)
+
+
+def test_every_operation_kind_has_its_journal_state() -> None:
+    """A new operation without a state would stop every move that takes it (found on the real nodes: the
+    app hook's wait-agent-signal)."""
+    from gpudefrag.control.kube_journaled import _STATE
+    from gpudefrag.engines.kubernetes.moves import OpKind
+
+    rollback_only = {OpKind.DELETE_REPLACEMENT, OpKind.CLEAR_REQUEST, OpKind.CLEAR_AGENT_REQUEST}
+    assert set(OpKind) - rollback_only == set(_STATE)
+
+
+def test_the_app_hooks_signal_is_journaled_with_what_the_agent_ran(frag_cluster: KubeCluster, tmp_path: Path) -> None:
+    import dataclasses
+    from types import MappingProxyType
+
+    info = frag_cluster.pods[BARE.workload_id]
+    raw = {**info.raw, "metadata": {**info.raw["metadata"], "annotations": {
+        **(info.raw["metadata"].get("annotations") or {}), "gpudefrag.io/checkpoint": "app"}}}
+    c = dataclasses.replace(frag_cluster, pods=MappingProxyType(
+        {**frag_cluster.pods, BARE.workload_id: dataclasses.replace(info, raw=MappingProxyType(raw))}))
+    seq = build_move(c, BARE)
+    with Journal(tmp_path / "j.db") as j:
+        m, res = JournaledMoves(_executor(InMemoryApi(c)), j).run(seq, c.state.workload(BARE.workload_id).versions)
+        details = [s["detail"] for s in j.steps(m.id)]
+    assert res.ok and m.state is MigrationState.DONE, res.error
+    assert "wait-agent-signal ok: kill -USR1 1 in trainer through memory" in details, details
