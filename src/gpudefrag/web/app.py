@@ -75,7 +75,9 @@ def create_app(
         return read_journal(journal, limit)[0]
 
     registry = metrics_mod.metrics_registry(source, journal_rows)
-    can_signal = callable(getattr(getattr(source, "engine", None), "signal", None))
+    engine = getattr(source, "engine", None)
+    # an engine may say it cannot signal (Kubernetes: no pods/exec) though it has the protocol's method
+    can_signal = callable(getattr(engine, "signal", None)) and getattr(engine, "can_signal", True)
 
     def pending_workload(state: ClusterState, workload_id: str) -> Workload:
         if workload_id not in state.workload_index:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 class KubernetesEngine:
     name = "kubernetes"
+    can_signal = False  # `signal` refuses (no pods/exec): the dashboard does not offer "checkpoint now"
 
     def __init__(self, *, context: str | None = None, dump: str | os.PathLike[str] | None = None,
                  api_client: Any = None, api: KubeApi | None = None, watch: bool = False) -> None:
