@@ -66,3 +66,32 @@ def test_the_hand_built_grpc_call_reaches_containerds_cri(containerd: Runtime, t
 def test_a_socket_with_nobody_behind_it_is_said_so(tmp_path: Path) -> None:
     with pytest.raises(CriError, match=r"container runtime at unix://.*/none.sock unreachable"):
         Runtime(f"unix://{tmp_path}/none.sock").version()
+
+
+def test_the_agent_runs_the_hook_only_for_a_running_container_of_a_pod_that_opted_in(containerd: Runtime) -> None:
+    """Every refusal comes before the runtime is called, with its reason; an allowed request reaches the runtime
+    (this containerd has no such container, so it refuses, and the agent says so)."""
+    from gpudefrag.control.node_agent import AgentError, NodeAgent
+
+    agent = NodeAgent(core=None, node="real-a", kubelet=None, registry=None, key=b"", runtime=containerd)  # type: ignore[arg-type]
+
+    def pod(annotations: dict[str, str], running: bool = True) -> dict:  # type: ignore[type-arg]
+        status = {"name": "main", "containerID": "containerd://abc123", "state": {"running": {}} if running else {
+            "terminated": {"exitCode": 0}}}
+        return {"metadata": {"namespace": "ml", "name": "p", "annotations": annotations},
+                "spec": {"nodeName": "real-a", "containers": [{"name": "main"}]},
+                "status": {"containerStatuses": [status]}}
+
+    app = {"gpudefrag.io/checkpoint": "app"}
+    for p, hook, why in [
+        (pod({}), {"container": "main", "signal": "USR1"}, "pod ml/p did not opt in to the application hook"),
+        (pod({"gpudefrag.io/checkpoint": "kubelet"}), {"container": "main", "signal": "USR1"}, "did not opt in"),
+        (pod(app), {"container": "main", "signal": "KILL"}, "signal 'KILL' is not a hook signal (USR1, USR2)"),
+        (pod(app), {"container": "sidecar", "signal": "USR1"}, "container 'sidecar' is not one of pod ml/p's"),
+        (pod(app), ["main", "USR1"], "the hook request is not an object"),
+        (pod(app, running=False), {"container": "main", "signal": "USR1"}, "container main of pod ml/p is not running"),
+        (pod(app), {"container": "main", "signal": "USR1"}, "the container runtime refused ExecSync in abc123"),
+    ]:
+        with pytest.raises(AgentError) as e:
+            agent._hook(p, hook)
+        assert why in str(e.value), (hook, str(e.value))

@@ -247,7 +247,7 @@ class NodeAgent:
         status = next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
                        if c.get("name") == container), {})
         cid = str(status.get("containerID") or "")
-        if not (status.get("state") or {}).get("running") or "://" not in cid:
+        if "running" not in (status.get("state") or {}) or "://" not in cid:
             raise AgentError(f"container {container} of pod {wid} is not running")
         if self.runtime is None:
             raise AgentError("this agent has no container runtime endpoint (--runtime-endpoint)")
