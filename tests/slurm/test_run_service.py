@@ -484,3 +484,39 @@ def test_the_workload_runs_in_its_clients_cgroups_not_the_services(service: Serv
                 job_cg.rmdir()
                 break
             time.sleep(0.1)
+
+
+def test_a_ticket_naming_roots_or_another_jobs_checkpoint_never_restores_through_the_service(
+        service: Service, tmp_path: Path) -> None:
+    """The service's wrapper restores only checkpoints of its own workload whose signed record says they ran as
+    the client's user: a ticket naming a checkpoint of root's process filed under the very same workload id, or
+    another job's, is refused (`wrong-workload`), the job cold-starts as the user with the reason recorded, and
+    root's process never runs again (restored, it would run with root's credentials inside the user's job)."""
+    from gpudefrag.checkpoint.criu import CriuBackend
+    from gpudefrag.checkpoint.launch import spawn_job
+    from gpudefrag.checkpoint.operations import checkpoint_to_store
+
+    u = service.user
+    wid = f"{u.name}.stolen"  # type: ignore[attr-defined]
+    made = []
+    for i, owner_wid in enumerate((wid, "other.job")):
+        rlog = tmp_path / f"root{i}.log"
+        job = spawn_job([SYS_PY, str(HERE / "workload.py"), "--log", str(rlog), "--period", "0.1"],
+                        stdout=tmp_path / f"root{i}.out", pidns=True)
+        wait(lambda rlog=rlog: len(steps(rlog)) >= 2)  # type: ignore[misc]
+        m, _ = checkpoint_to_store(service.store, CriuBackend(), job.pid, owner_wid)
+        job.reap()
+        assert m.info["owner"]["uid"] == 0
+        made.append((m.id, rlog))
+    agent = FileAgent(service.run_dir, service.store)
+    for n, (cid, rlog) in enumerate(made):
+        at = len(steps(rlog))
+        agent.set_ticket(wid, Ticket(f"t{n}", cid, "move"))
+        c = service.client(wid, ["sh", "-c", "id -u"])
+        out, err = c.communicate(timeout=60)
+        assert c.returncode == 0, err
+        cold = [ln for ln in err.splitlines() if "cold start:" in ln]  # (status.json says `exited` by now)
+        assert len(cold) == 1 and f"restore of {cid}: wrong-workload" in cold[0], err
+        assert json.loads((service.jd(wid).root / "handled.json").read_text())["tickets"][-1] == f"t{n}"
+        assert out.strip().splitlines()[-1] == str(u.uid), out  # type: ignore[attr-defined]
+        assert live_with(rlog) == [] and len(steps(rlog)) == at  # root's process never came back
