@@ -66,7 +66,7 @@ class ServiceConfig:
     key_path: Path
     jobs: str = "slurm"  # how a peer's job is established: "slurm" or "local"
     node: str | None = None  # "local": the node name (default: this host's name)
-    max_per_user: int = 64  # wrappers one user may have at once (each is a root process of this service)
+    max_per_user: int = 64  # children (serving or refusing) one user may have at once: each is a root process
     wrapper: dict[str, Any] = field(default_factory=dict)  # heartbeat_every_s, heartbeat_cron, keep
 
 
@@ -213,20 +213,29 @@ def serve(cfg: ServiceConfig, *, json_log: bool = False) -> None:
     signal.signal(signal.SIGINT, stop)
     print(json.dumps({"event": "listening", "socket": str(cfg.socket_path), "jobs": cfg.jobs}) if json_log else
           f"gpudefrag run-service: listening on {cfg.socket_path} (jobs: {cfg.jobs})", file=sys.stderr, flush=True)
+    srv.settimeout(0.5)  # wake now and then to close the connections refused without a child
+    refused: list[tuple[socket.socket, float]] = []
     while not stopping["now"]:
+        _close_refused(refused, time.monotonic())
         try:
             conn, _ = srv.accept()
+        except TimeoutError:
+            continue
         except OSError:
             if stopping["now"]:
                 break
             continue
+        conn.settimeout(None)
         try:
             uid = peer_of(conn).uid
         except OSError:
             conn.close()
             continue
-        # the child refuses one over the limit itself (it must read what the client sent before it closes)
-        over = sum(1 for u in list(users.values()) if u == uid) >= cfg.max_per_user
+        if sum(1 for u in list(users.values()) if u == uid) >= cfg.max_per_user:
+            # refused by the listener itself, without a child: a user cannot make it fork past the limit
+            _refuse_later(conn, refused, f"gpudefrag run: refused: uid {uid} already has {cfg.max_per_user} "
+                          "connection(s) to this run service (--max-per-user)")
+            continue
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child ends in os._exit
             code = 1
@@ -234,16 +243,42 @@ def serve(cfg: ServiceConfig, *, json_log: bool = False) -> None:
                 srv.close()
                 for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
                     signal.signal(s, signal.SIG_DFL)
-                code = (_refuse(conn, f"gpudefrag run: refused: uid {uid} already has {cfg.max_per_user} "
-                                      "workload(s) under this run service (--max-per-user)") if over
-                        else _serve_client(cfg, conn))
+                code = _serve_client(cfg, conn)
             finally:
                 os._exit(code)
-        if not over:
-            users[pid] = uid
+        users[pid] = uid
         conn.close()
+    for c, _ in refused:
+        c.close()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(cfg.socket_path)
+
+
+def _refuse_later(conn: socket.socket, refused: list[tuple[socket.socket, float]], line: str) -> None:
+    """Refuse without blocking the listener: the line now, the close a second later (what the client sent by
+    then is drained first: closing a Unix socket with unread data resets it, and the client would lose the
+    line). At most 256 wait; past that the connection is closed at once."""
+    conn.setblocking(False)
+    with contextlib.suppress(OSError):
+        conn.send(json.dumps({"error": line}).encode() + b"\n")
+        conn.shutdown(socket.SHUT_WR)
+    if len(refused) >= 256:
+        conn.close()
+    else:
+        refused.append((conn, time.monotonic() + 1.0))
+
+
+def _close_refused(refused: list[tuple[socket.socket, float]], now: float) -> None:
+    keep = []
+    for c, at in refused:
+        with contextlib.suppress(OSError):
+            while c.recv(65536):  # non-blocking: what has arrived (passed descriptors are closed with it)
+                pass
+        if at <= now:
+            c.close()
+        else:
+            keep.append((c, at))
+    refused[:] = keep
 
 
 def _send(conn: socket.socket, doc: dict[str, Any]) -> None:
@@ -264,13 +299,13 @@ def _refuse(conn: socket.socket, line: str) -> int:
 
 
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    conn.settimeout(30)  # a client that connects and sends nothing does not hold a root child for long
     msg, fds, flags, _ = socket.recv_fds(conn, 1, 3)
     if flags & socket.MSG_CTRUNC or len(fds) != 3 or msg != b"F":
         for fd in fds:
             os.close(fd)
         raise Refused("the client must send its stdin, stdout and stderr first")
     buf = b""
-    conn.settimeout(30)
     while not buf.endswith(b"\n"):
         chunk = conn.recv(65536)
         if not chunk:

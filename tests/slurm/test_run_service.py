@@ -427,7 +427,8 @@ def test_one_wrapper_per_workload_and_a_socket_folder_others_may_write_is_refuse
 
 def test_a_user_may_run_only_so_many_workloads_under_the_service(service: Service, tmp_path: Path) -> None:
     """Each client's wrapper is a root process of the service: past `--max-per-user` a user's next client is
-    refused with one line (nothing starts), and is served again once one of theirs has ended."""
+    refused with one line (nothing starts), by the listener itself — a burst of connections makes no root child
+    — and is served again once one of theirs has ended."""
     p = start_service(service.shared, tmp_path, "--max-per-user", "1", sock="sock1")
     u = service.user
     try:
@@ -439,6 +440,17 @@ def test_a_user_may_run_only_so_many_workloads_under_the_service(service: Servic
         _, err = second.communicate(timeout=30)
         assert second.returncode == 2 and "--max-per-user" in err and err.strip().count("\n") == 0, err
         assert not (service.shared / "lim2").exists()
+        # a burst of connections that send nothing: refused by the listener itself, no root child for any
+        idle = u.popen([SYS_PY, "-c", "import socket, sys, time\n"  # type: ignore[attr-defined]
+                        "held = [socket.socket(socket.AF_UNIX) for _ in range(20)]\n"
+                        "for s in held: s.connect(sys.argv[1])\n"
+                        "print('held', flush=True); time.sleep(30)", str(sock)], stdout=subprocess.PIPE)
+        try:
+            assert idle.stdout is not None and idle.stdout.readline().strip() == "held"
+            time.sleep(0.3)
+            assert len(_kids(p.pid)) == 1, _kids(p.pid)  # the first client's wrapper only
+        finally:
+            idle.kill()
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=30)
         time.sleep(0.5)
@@ -448,6 +460,14 @@ def test_a_user_may_run_only_so_many_workloads_under_the_service(service: Servic
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=20)
+
+
+def _kids(pid: int) -> list[int]:
+    out: list[int] = []
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (t / "children").read_text().split()]
+    return out
 
 
 def _memory_cgroup(pid: int | str = "self") -> str:
