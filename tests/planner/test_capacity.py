@@ -163,3 +163,52 @@ def test_room_bound_of_a_node_that_no_set_can_clear_is_inf_without_trying_thousa
     state = ClusterState.build([Node("n0", 8, "H100"), Node("n1", 8, "H100")], ws)
     p = Problem(state, PlanOptions(max_moves=8, max_moves_per_node=8))
     assert room_bound(p, Work(p), parts_of(state, [Request(8)])[0], 0) == float("inf")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), options)
+def test_fewest_to_leave_never_exceeds_the_smallest_set_that_makes_room(problem, opts):
+    """`fewest_to_leave` (the count bound that lets `room_bound` answer inf without enumerating sets) is a lower
+    bound: no set of a node's movable workloads smaller than it makes room, whatever the node and request."""
+    from itertools import combinations
+
+    from gpudefrag.core.capacity import fits_one
+    from gpudefrag.core.planner_heuristic import fewest_to_leave
+    from gpudefrag.core.planner_problem import Work
+
+    state, request = problem
+    p = Problem(state, opts)
+    work = Work(p)
+    part = parts_of(state, [request])[0]
+    for i in range(len(state.nodes)):
+        items = [int(w) for w in p.on_node(i) if p.why_not_movable(int(w)) is None][:10]
+        base = [int(x) for x in work.free[i]]
+        cpu0, mem0 = int(work.cpu[i]), int(work.mem[i])
+        frees = [(p.ws[w].placements[0].gpus, int(p.milli[w]), int(p.cpu[w]), int(p.mem[w])) for w in items]
+        bound = fewest_to_leave(base, cpu0, mem0, frees, part.shape)
+        for k in range(0, min(bound, len(frees) + 1)):  # every set smaller than the bound leaves no room
+            for sub in combinations(range(len(frees)), k):
+                row, cpu, mem = list(base), cpu0, mem0
+                for j in sub:
+                    for g in frees[j][0]:
+                        row[g] += frees[j][1]
+                    cpu += frees[j][2]
+                    mem += frees[j][3]
+                assert not fits_one(row, cpu, mem, part.shape), (i, sub, bound)
+
+
+def test_room_bound_of_a_node_whose_cpu_many_small_pods_hold_is_inf_within_the_budget():
+    """Twelve 1-core CPU-only pods hold the CPU of a node with 8 free GPUs; an 8-GPU request asks for 10 cores:
+    all twelve leaving makes room, no 8 of them do (the budget): inf, from the count bound alone."""
+    from gpudefrag.core.model import Node, Placement, Request, Workload
+    from gpudefrag.core.planner_heuristic import fewest_to_leave, room_bound
+    from gpudefrag.core.planner_problem import Work
+
+    ws = [Workload(f"c{k}", Request(0, cpu_milli=1000), placements=(Placement("n0", ()),)) for k in range(12)]
+    state = ClusterState.build([Node("n0", 8, "H100", cpu_milli=12_000), Node("n1", 8, "H100", cpu_milli=64_000)],
+                               ws)
+    p = Problem(state, PlanOptions(max_moves=8, max_moves_per_node=8))
+    part = parts_of(state, [Request(8, cpu_milli=10_000)])[0]
+    frees = [((), 0, 1000, 0)] * 12
+    assert fewest_to_leave([1000] * 8, 0, 0, frees, part.shape) == 10
+    assert room_bound(p, Work(p), part, 0) == float("inf")

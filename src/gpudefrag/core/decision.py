@@ -176,17 +176,17 @@ def exclusions(state: ClusterState, opts: PlanOptions) -> str:
     filter.max_priority <= 10000)"; "" when every running job may move."""
     why: dict[str, int] = {}
     running = state.running
-    for w in running:
+    allowed = state.may_move(opts.movable)
+    for w, ok in zip(running, allowed, strict=True):
+        if ok:
+            continue
         if w.is_multi_node:
             reason: str | None = "multi-node (never moved)"
         elif not w.can_move:
             reason = "marked not movable"
-        elif opts.movable is not None and not opts.movable(w):
-            reason = (opts.excluded_by(w) if opts.excluded_by is not None else None) or "the policy filter"
         else:
-            reason = None
-        if reason is not None:
-            why[reason] = why.get(reason, 0) + 1
+            reason = (opts.excluded_by(w) if opts.excluded_by is not None else None) or "the policy filter"
+        why[reason] = why.get(reason, 0) + 1
     if not why:
         return ""
     parts = ", ".join(f"{n} by {r}" for r, n in sorted(why.items(), key=lambda x: (-x[1], x[0])))

@@ -647,25 +647,24 @@ def _as_large_as(gpus_per_node: Any, cpu_milli: Any, memory_mib: Any, r: Request
 def _movable_rows(state: ClusterState) -> tuple[np.ndarray, ...]:
     """The placements of the single-node workloads any plan may move, one row each, ordered by node and within a
     node largest first (GPUs, then CPU, then memory): (node index, GPUs, CPU, memory, the job's GPUs per node,
-    the workload's index among these rows' workloads) and the workloads. Once per state (memo): every
-    pending request's diagnosis reads them."""
+    the workload's index in `state.running`). Once per state (memo): every pending request's diagnosis reads
+    them."""
     key = ("diagnose.movable_rows",)
     got = state.memo.get(key)
     if got is None:
         idx = state.node_index
+        can = state.may_move()
         rows: list[tuple[int, int, int, int, int, int]] = []
-        owners: list[Workload] = []
-        for w in state.running:
-            if not w.can_move:  # immovable, labelled so, or multi-node
+        for i, w in enumerate(state.running):
+            if not can[i]:  # immovable, labelled so, or multi-node
                 continue
             r = w.request
             for p in w.placements:
-                rows.append((idx[p.node], len(p.gpus), r.cpu_milli, r.memory_mib, r.gpus_per_node, len(owners)))
-            owners.append(w)
+                rows.append((idx[p.node], len(p.gpus), r.cpu_milli, r.memory_mib, r.gpus_per_node, i))
         a = np.asarray(rows, dtype=np.int64).reshape(-1, 6)
         order = np.lexsort((-a[:, 3], -a[:, 2], -a[:, 1], a[:, 0]))  # by node, then largest first
         a = a[order]
-        got = state.memo[key] = (a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5], owners)
+        got = state.memo[key] = (a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5])
     return got  # type: ignore[return-value]
 
 
@@ -678,16 +677,11 @@ def _moves_to_clear(state: ClusterState, r: Request, candidates: np.ndarray, who
     jobs at least as large as the request (they could only go where the request could go itself: nowhere), do
     not count. Vectorised over all placements at once (per node in Python it was most of a controller cycle at
     5,000 nodes: 0.2 s per pending request)."""
-    node, gpus, job_cpu, job_mem, job_gpus, owner, owners = _movable_rows(state)
+    node, gpus, job_cpu, job_mem, job_gpus, owner = _movable_rows(state)
     keep = candidates[node] if len(node) else np.zeros(0, dtype=bool)
     keep &= ~_as_large_as(job_gpus, job_cpu, job_mem, r)
     if may_move is not None and keep.any():
-        mkey = ("diagnose.may_move", may_move)
-        allowed = state.memo.get(mkey)
-        if allowed is None:
-            allowed = state.memo[mkey] = np.fromiter((bool(may_move(w)) for w in owners), dtype=bool,
-                                                     count=len(owners))
-        keep &= allowed[owner]  # type: ignore[index]
+        keep &= state.may_move(may_move)[owner]
     rows = np.flatnonzero(keep)
     if not len(rows):
         return []

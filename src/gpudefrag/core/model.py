@@ -8,7 +8,7 @@ The engines (Slurm, Kubernetes, the simulator) and the snapshot loader produce t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -216,7 +216,8 @@ class Workload:
 
     @property
     def is_multi_node(self) -> bool:
-        return self.request.node_count > 1 or len({p.node for p in self.placements}) > 1
+        p = self.placements  # asked of every running workload at every decision: one placement needs no set
+        return self.request.node_count > 1 or (len(p) > 1 and len({x.node for x in p}) > 1)
 
     @property
     def gpu_milli_total(self) -> int:
@@ -475,6 +476,34 @@ class ClusterState:
     @property
     def mem_free(self) -> np.ndarray:
         return self._arrays["mem_free"]
+
+    def may_move_known(self, movable: Callable[[Workload], bool] | None = None) -> np.ndarray | None:
+        """`may_move(movable)` when some caller computed it on this state already, else None (for a caller that
+        asks of a few workloads only and would pay for all of them)."""
+        return self.memo.get(("may_move", movable))  # type: ignore[return-value]
+
+    def may_move(self, movable: Callable[[Workload], bool] | None = None) -> np.ndarray:
+        """Per running workload (in `running`'s order): may a plan move it — `Workload.can_move` and the caller's
+        filter `movable` (None: no filter). Once per state and filter: the diagnosis's clearing count, the
+        planner and the decision's count of excluded jobs all ask it of every running workload, and a filter
+        built from a policy file costs microseconds a workload."""
+        key = ("may_move", movable)
+        got = self.memo.get(key)
+        if got is None:
+            run = self.running
+            if movable is None:
+                got = np.fromiter((w.can_move for w in run), dtype=bool, count=len(run))
+            else:  # the filter only where the flags allow a move
+                got = self.may_move().copy()
+                idx = np.flatnonzero(got)
+                got[idx] = np.fromiter((bool(movable(run[i])) for i in idx.tolist()), dtype=bool, count=len(idx))
+            self.memo[key] = got
+        return got  # type: ignore[return-value]
+
+    @cached_property
+    def running_index(self) -> dict[str, int]:
+        """Running workload id -> its index in `running`."""
+        return {w.id: i for i, w in enumerate(self.running)}
 
     @cached_property
     def memo(self) -> dict[object, object]:

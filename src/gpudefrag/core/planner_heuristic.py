@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .capacity import fits, fits_one, pick_gpus
+from .capacity import Shape, fits, fits_one, pick_gpus
 from .model import MILLI
 from .planner_problem import Part, Problem, Work
 
@@ -70,6 +70,8 @@ def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("i
     frees = [(p.ws[wi].placements[0].gpus, int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi])) for wi in items]
     if max_size <= 0 or not fits_one(*_without(base, cpu0, mem0, frees, range(len(frees))), part.shape):
         return float("inf")
+    if max_size < len(frees) and fewest_to_leave(base, cpu0, mem0, frees, part.shape) > max_size:
+        return float("inf")  # e.g. a node whose CPU twenty small CPU-only pods hold, and a budget of 8 moves
     for k, sub in enumerate(cheapest_subsets(costs, max_size)):
         c = sum(costs[j] for j in sub)
         if c >= bar or k >= SUBSET_LIMIT * 10:
@@ -77,6 +79,29 @@ def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("i
         if fits_one(*_without(base, cpu0, mem0, frees, sub), part.shape):
             return c
     return float("inf")
+
+
+def fewest_to_leave(base: list[int], cpu: int, mem: int, frees: list[tuple[tuple[int, ...], int, int, int]],
+                    shape: Shape) -> int:
+    """A lower bound on how many of one node's workloads (`frees`, as `room_bound` lists them) must leave it for
+    `shape` to fit, from what is missing of each resource: the fewest workloads whose largest contributions
+    cover it (a workload turns at most its own GPUs into ones with room). Sound, not tight: when it exceeds the
+    move budget no set within the budget makes room, and `room_bound` need not enumerate thousands of sets to
+    find that out (the replay in time asks it of hundreds of nodes per decision)."""
+    have = sum(1 for x in base if x >= shape.gpu_milli) if shape.num_gpu else 0
+    fewest = 0
+    for missing, gives in ((shape.cpu_milli - cpu, [c for _, _, c, _ in frees]),
+                           (shape.memory_mib - mem, [m for _, _, _, m in frees]),
+                           (shape.num_gpu - have, [len(g) for g, _, _, _ in frees])):
+        if missing <= 0:
+            continue
+        gives.sort(reverse=True)
+        total, k = 0, 0
+        while total < missing and k < len(gives):
+            total += gives[k]
+            k += 1
+        fewest = max(fewest, k if total >= missing else len(gives) + 1)
+    return fewest
 
 
 def _without(base: list[int], cpu: int, mem: int, frees: list[tuple[tuple[int, ...], int, int, int]],

@@ -117,7 +117,11 @@ class Problem:
             return self._movable[wi]
         w = self.ws[wi]
         reason: str | None = None
-        if self.multi[wi]:
+        known = self.state.may_move_known(self.opts.movable) if self.ws is self.state.running else None
+        if known is not None and known[wi]:  # the diagnosis asked the filter already: only the reservation is left
+            if w.labels.get(RESERVATION_LABEL) == "true":
+                reason = "room reserved for an earlier pending request"
+        elif self.multi[wi]:
             reason = "multi-node workload (never moved)"
         elif not w.can_move:  # the snapshot's `movable` flag or the gpudefrag.io/movable label
             reason = "marked not movable" + (f" ({w.movable_reason})" if w.movable_reason else "")

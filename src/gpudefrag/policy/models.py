@@ -86,12 +86,12 @@ class Filter(Strict):
             return f"filter.accounts {self.accounts}"
         if self.names and not any(fnmatch.fnmatchcase(w.name, p) for p in self.names):
             return f"filter.names {self.names}"
-        comment = w.labels.get("slurm.comment", "")
-        if self.comments and not any(fnmatch.fnmatchcase(comment, p) for p in self.comments):
+        if self.comments and not any(fnmatch.fnmatchcase(w.labels.get("slurm.comment", ""), p)
+                                     for p in self.comments):
             return f"filter.comments {self.comments}"
-        if any(w.labels.get(k) != v for k, v in self.labels.items()):
+        if self.labels and any(w.labels.get(k) != v for k, v in self.labels.items()):
             return f"filter.labels {self.labels}"
-        if any(w.labels.get(k) == v for k, v in self.exclude_labels.items()):
+        if self.exclude_labels and any(w.labels.get(k) == v for k, v in self.exclude_labels.items()):
             return f"filter.exclude_labels {self.exclude_labels}"
         if self.max_priority is not None and w.priority > self.max_priority:
             return f"filter.max_priority <= {self.max_priority}"
