@@ -67,6 +67,7 @@ class ServiceConfig:
     jobs: str = "slurm"  # how a peer's job is established: "slurm" or "local"
     node: str | None = None  # "local": the node name (default: this host's name)
     max_per_user: int = 64  # children (serving or refusing) one user may have at once: each is a root process
+    request_timeout_s: float = 30.0  # how long a child waits for its client's request before it drops it
     wrapper: dict[str, Any] = field(default_factory=dict)  # heartbeat_every_s, heartbeat_cron, keep
 
 
@@ -298,8 +299,8 @@ def _refuse(conn: socket.socket, line: str) -> int:
     return 2
 
 
-def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    conn.settimeout(30)  # a client that connects and sends nothing does not hold a root child for long
+def _read_request(conn: socket.socket, timeout_s: float) -> tuple[dict[str, Any], list[int]]:
+    conn.settimeout(timeout_s)  # a client that connects and sends nothing does not hold a root child for long
     msg, fds, flags, _ = socket.recv_fds(conn, 1, 3)
     if flags & socket.MSG_CTRUNC or len(fds) != 3 or msg != b"F":
         for fd in fds:
@@ -341,7 +342,7 @@ def _serve_client(cfg: ServiceConfig, conn: socket.socket) -> int:
     except OSError:
         return _refuse(conn, "gpudefrag run: the connecting process is gone")
     try:
-        req, fds = _read_request(conn)
+        req, fds = _read_request(conn, cfg.request_timeout_s)
         job = establish(cfg, peer, req["workload_id"])
         cgroups = cgroup_procs_of(peer.pid)  # the workload runs where its job runs (its limits, its accounting)
         signal.pidfd_send_signal(pidfd, 0)  # the very process that connected is still there (no reused PID)

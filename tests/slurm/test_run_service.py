@@ -429,7 +429,7 @@ def test_a_user_may_run_only_so_many_workloads_under_the_service(service: Servic
     """Each client's wrapper is a root process of the service: past `--max-per-user` a user's next client is
     refused with one line (nothing starts), by the listener itself — a burst of connections makes no root child
     — and is served again once one of theirs has ended."""
-    p = start_service(service.shared, tmp_path, "--max-per-user", "1", sock="sock1")
+    p = start_service(service.shared, tmp_path, "--max-per-user", "1", "--request-timeout", "1", sock="sock1")
     u = service.user
     try:
         sock = service.shared / "sock1" / "run.sock"
@@ -452,6 +452,18 @@ def test_a_user_may_run_only_so_many_workloads_under_the_service(service: Servic
         finally:
             idle.kill()
         first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+        # a connection that sends nothing holds its child only --request-timeout long
+        mute = u.popen([SYS_PY, "-c", "import socket, sys, time\n"  # type: ignore[attr-defined]
+                        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                        "print('held', flush=True); print(s.makefile().read(), flush=True)", str(sock)],
+                       stdout=subprocess.PIPE)
+        assert mute.stdout is not None and mute.stdout.readline().strip() == "held"
+        time.sleep(0.3)
+        assert len(_kids(p.pid)) == 1
+        out, _ = mute.communicate(timeout=10)  # dropped (with one line) after the timeout, not held
+        assert "refused" in out or "timed out" in out, out
+        wait(lambda: _kids(p.pid) == [], timeout=5)
         first.communicate(timeout=30)
         time.sleep(0.5)
         third = service.client(f"{u.name}.lim2", ["sh", "-c", "exit 3"], sock=sock)  # type: ignore[attr-defined]

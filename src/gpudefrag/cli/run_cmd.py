@@ -80,6 +80,8 @@ def run_service(
     node: str = typer.Option(None, "--node", help="This node's name for --jobs local [default: the host name]"),
     max_per_user: int = typer.Option(64, "--max-per-user", min=1, help="Workloads one user may run under this "
                                       "service at once (each has a root wrapper process)"),
+    request_timeout: float = typer.Option(30.0, "--request-timeout", min=0.1, help="Seconds a connection may take "
+                                          "to send its request before it is dropped"),
     json_out: bool = typer.Option(False, "--json", help="Say that it listens as one JSON object (stderr)"),
 ) -> None:
     """Run as root: serve `gpudefrag run` for job users (checkpoint/restore with CRIU, the store and the key are
@@ -90,5 +92,5 @@ def run_service(
     if store is None:
         raise fail("gpudefrag run-service: --store (or GPUDEFRAG_STORE) is needed")
     serve(ServiceConfig(socket_path=sock, run_dir=run_dir, store_root=store, key_path=key or default_key_path(),
-                        jobs=jobs, node=node, max_per_user=max_per_user,
+                        jobs=jobs, node=node, max_per_user=max_per_user, request_timeout_s=request_timeout,
                         wrapper=_wrapper_settings(policy, heartbeat_every)), json_log=json_out)
