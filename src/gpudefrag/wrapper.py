@@ -1,4 +1,6 @@
-"""The job wrapper: `gpudefrag run -- CMD...` inside an sbatch script, the only gpudefrag piece on the nodes.
+"""The job wrapper: `gpudefrag run -- CMD...` inside an sbatch script. Started as root it runs here, in-process;
+started as the job's user (a batch script's case) it is a client of the root run service (`run_service.py`),
+whose child per client runs this same code for that job.
 
 It starts the workload so that CRIU can dump it (its own session and PID namespace, output appended to a
 file), answers checkpoint requests — a request file written by the controller, hurried by
