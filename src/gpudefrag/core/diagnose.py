@@ -653,15 +653,17 @@ def _movable_rows(state: ClusterState) -> tuple[np.ndarray, ...]:
     got = state.memo.get(key)
     if got is None:
         idx = state.node_index
-        can = state.may_move()
+        rr = state.running_rows  # one pass over the workloads per state (the planner shares it)
+        can = state.may_move()  # immovable, labelled so, or multi-node: not counted
+        one = np.flatnonzero(can & (rr[:, 7] == 1))
         rows: list[tuple[int, int, int, int, int, int]] = []
-        for i, w in enumerate(state.running):
-            if not can[i]:  # immovable, labelled so, or multi-node
-                continue
+        for i in np.flatnonzero(can & (rr[:, 7] > 1)).tolist():  # several placements, all on one node: rare
+            w = state.running[i]
             r = w.request
             for p in w.placements:
                 rows.append((idx[p.node], len(p.gpus), r.cpu_milli, r.memory_mib, r.gpus_per_node, i))
-        a = np.asarray(rows, dtype=np.int64).reshape(-1, 6)
+        a = np.vstack((np.column_stack((rr[one, 0], rr[one, 6], rr[one, 4], rr[one, 5], rr[one, 1], one)),
+                       np.asarray(rows, dtype=np.int64).reshape(-1, 6))).astype(np.int64)
         order = np.lexsort((-a[:, 3], -a[:, 2], -a[:, 1], a[:, 0]))  # by node, then largest first
         a = a[order]
         got = state.memo[key] = (a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5])

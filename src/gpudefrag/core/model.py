@@ -492,13 +492,28 @@ class ClusterState:
         if got is None:
             run = self.running
             if movable is None:
-                got = np.fromiter((w.can_move for w in run), dtype=bool, count=len(run))
+                got = self.running_rows[:, 8].astype(bool)
             else:  # the filter only where the flags allow a move
                 got = self.may_move().copy()
                 idx = np.flatnonzero(got)
                 got[idx] = np.fromiter((bool(movable(run[i])) for i in idx.tolist()), dtype=bool, count=len(idx))
             self.memo[key] = got
         return got  # type: ignore[return-value]
+
+    @cached_property
+    def running_rows(self) -> np.ndarray:
+        """Per running workload (in `running`'s order), int64 columns: 0 the node index of its one placement (-1
+        with several or none), 1 GPUs per node, 2 its first GPU (-1: none), 3 the share per GPU (milli), 4 CPU
+        (milli-cores), 5 memory (MiB), 6 the GPUs its first placement holds, 7 its placements, 8 `can_move`
+        (0/1). One pass over the workloads per state, shared by the diagnosis's clearing count and the planner's
+        problem (each made its own pass at every decision of a replay)."""
+        idx = self.node_index
+        run = self.running
+        rows = [(idx[p[0].node] if len(p) == 1 else -1, r.gpus_per_node,
+                 p[0].gpus[0] if p and p[0].gpus else -1, r.gpu_milli, r.cpu_milli, r.memory_mib,
+                 len(p[0].gpus) if p else 0, len(p), w.can_move)
+                for w in run for p, r in ((w.placements, w.request),)]
+        return np.array(rows, dtype=np.int64).reshape(len(run), 9)
 
     @cached_property
     def running_index(self) -> dict[str, int]:

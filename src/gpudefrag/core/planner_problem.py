@@ -71,15 +71,8 @@ class Problem:
         self.ws: tuple[Workload, ...] = state.running
         ws = self.ws
         n = len(ws)
-        idx = state.node_index
-        # one pass over the workloads (this is the planner's only O(jobs) Python loop)
-        ints = np.array(
-            [(idx[w.placements[0].node] if len(w.placements) == 1 else -1,
-              w.request.gpus_per_node,
-              w.placements[0].gpus[0] if w.placements and w.placements[0].gpus else -1,
-              w.request.gpu_milli, w.request.cpu_milli, w.request.memory_mib) for w in ws],
-            dtype=np.int64,
-        ).reshape(n, 6)
+        # one pass over the workloads per state, shared with the diagnosis (the planner's only O(jobs) loop)
+        ints = state.running_rows
         self.src, self.gpus, self.gpu0, self.milli, self.cpu, self.mem = (ints[:, k].copy() for k in range(6))
         floats = np.array(
             [(w.checkpoint_bytes, np.nan if w.last_checkpoint_at is None else w.last_checkpoint_at) for w in ws],
