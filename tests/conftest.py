@@ -134,6 +134,21 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryL
         lab.proc.wait(timeout=30)
 
 
+@pytest.fixture
+def read_only_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryLab]:
+    """A real registry that answers but refuses every push (its own read-only maintenance mode): a registry
+    under maintenance, or one whose storage went read-only. Skipped like `oci_registry`."""
+    lab = start_registry(tmp_path_factory.mktemp("registry-ro") / "data", read_only=True)
+    if lab is None:
+        part_missing("REGISTRY", "OCI REGISTRY CANNOT RUN HERE (install Debian's docker-registry: scripts/setup.sh "
+                     "all); registry tests are SKIPPED")
+    try:
+        yield lab
+    finally:
+        lab.proc.terminate()
+        lab.proc.wait(timeout=30)
+
+
 @dataclass(frozen=True)
 class ThrowawayUser:
     """An unprivileged account made for one test (the attacker): `run` executes a command as it."""

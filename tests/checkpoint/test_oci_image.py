@@ -138,31 +138,23 @@ def test_registry_down_is_an_error_that_says_so(tmp_path: Path, key: bytes) -> N
     assert e.value.status == 0 and "registry" in str(e.value)
 
 
-def test_a_read_only_registry_refuses_the_push_and_no_image_is_left_to_name(tmp_path: Path, key: bytes) -> None:
+def test_a_read_only_registry_refuses_the_push_and_no_image_is_left_to_name(read_only_registry, tmp_path: Path,
+                                                                            key: bytes) -> None:
     """A registry that answers but will not store (its own read-only maintenance mode): the push fails with the
     registry's refusal — which push, where, the status and its message — not as "unreachable"; nothing was
     stored, so no reference exists to hand out."""
-    from ..conftest import part_missing, start_registry
-
-    ro = start_registry(tmp_path / "ro", read_only=True)
-    if ro is None:
-        part_missing("REGISTRY", "OCI REGISTRY CANNOT RUN HERE (install Debian's docker-registry: scripts/setup.sh "
-                     "all); registry tests are SKIPPED")
-    try:
-        img = build_image(archive(tmp_path / "a.tar"), "main", REC, key)
-        reg = Registry(ro.url, timeout_s=10)
-        with pytest.raises(RegistryError) as e:
-            reg.push("ml/counter-main", img, tag="m1")
-        msg = str(e.value)
-        assert e.value.status >= 400 and f"push of ml/counter-main:m1 to {ro.url}: the registry refused it " \
-            f"(HTTP {e.value.status})" in msg, msg
-        assert f"start upload: HTTP {e.value.status} " in msg, msg  # the first write, with the registry's words
-        with pytest.raises(RegistryError) as got:
-            reg.manifest("ml/counter-main", img.digest)
-        assert got.value.status == 404
-    finally:
-        ro.proc.terminate()
-        ro.proc.wait(timeout=30)
+    ro = read_only_registry
+    img = build_image(archive(tmp_path / "a.tar"), "main", REC, key)
+    reg = Registry(ro.url, timeout_s=10)
+    with pytest.raises(RegistryError) as e:
+        reg.push("ml/counter-main", img, tag="m1")
+    msg = str(e.value)
+    assert e.value.status >= 400 and f"push of ml/counter-main:m1 to {ro.url}: the registry refused it " \
+        f"(HTTP {e.value.status})" in msg, msg
+    assert f"start upload: HTTP {e.value.status} " in msg, msg  # the first write, with the registry's words
+    with pytest.raises(RegistryError) as got:
+        reg.manifest("ml/counter-main", img.digest)
+    assert got.value.status == 404
 
 
 def test_a_manifest_refused_after_its_blobs_leaves_no_reference(oci_registry, tmp_path: Path, key: bytes) -> None:

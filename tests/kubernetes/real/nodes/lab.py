@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
-from ..lab import REPO, KubeLab
+from gpudefrag.engines.kubernetes.moves import ANN_AGENT_REQUEST, ANN_AGENT_RESULT
+
+from ..lab import REPO, KubeLab, ready
 
 NODE_TOOLS = REPO / "tools" / "kubenode"
 NODE_SH = NODE_TOOLS / "node.sh"
@@ -162,3 +164,27 @@ def ensure_namespace(lab: KubeLab, ns: str) -> None:
     """The tests of this package share one control plane: a namespace an earlier test made is reused."""
     if lab.kubectl("get", "namespace", ns, check=False).returncode != 0:
         lab.namespaces(ns)
+
+
+def only_the_original_runs(kube_nodes: KubeNodes, ns: str, name: str, replacement: str) -> None:
+    """Exactly once: the original on real-a, Running and still counting, with neither the agent's request nor its
+    answer left on it, never restarted; no replacement, and no other pod in `ns`."""
+    lab = kube_nodes.lab
+    pods = lab.pods(ns)
+    assert [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")] == [name], \
+        lab.pod_states(ns)
+    assert lab.kubectl("-n", ns, "get", "pod", replacement, check=False).returncode != 0
+    orig = lab.get("pods", name, ns=ns)
+    assert ready(orig) and orig["spec"]["nodeName"] == "real-a"
+    ann = orig["metadata"].get("annotations") or {}
+    assert ANN_AGENT_REQUEST not in ann and ANN_AGENT_RESULT not in ann, ann
+    n = counts(kube_nodes.logs(ns, name))[-1]
+    lab.wait(f"{name} counting on", lambda: counts(kube_nodes.logs(ns, name))[-1] > n, timeout=30)
+    started = [ln for ln in kube_nodes.logs(ns, name).splitlines() if ln.startswith("started ")]
+    assert len(started) == 1  # never restarted
+
+
+def archives(kube_nodes: KubeNodes, ns: str, pod: str) -> list[str]:
+    """The kubelet's checkpoint archives of `pod` on real-a (they hold the container's memory)."""
+    ckdir = kube_nodes.nodes["real-a"].dir / "kubelet" / "checkpoints"
+    return sorted(p.name for p in ckdir.glob(f"checkpoint-{pod}_{ns}-*.tar")) if ckdir.is_dir() else []

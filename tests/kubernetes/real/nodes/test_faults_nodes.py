@@ -1,7 +1,8 @@
 """Faults of the move with state on the real nodes, each ending with the workload running exactly once (the
 original, or the replacement — never both, never none) and the journal saying what happened: the registry down
-while the agent pushes, a checkpoint image tampered with in the registry, the node agent killed mid-checkpoint
-(and started again)."""
+while the agent pushes, the registry answering but refusing the push, a checkpoint image tampered with in the
+registry, the node agent killed mid-checkpoint (and started again), the target's kubelet stopped after the
+replacement was created."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from gpudefrag.control.kube_journaled import JournaledMoves
 from gpudefrag.engines.kubernetes import SimpleMove, build_move, load_kube
 from gpudefrag.engines.kubernetes.executor import ClientKubeApi, SequenceRunner
 from gpudefrag.engines.kubernetes.moves import (
-    ANN_AGENT_REQUEST,
     ANN_AGENT_RESULT,
     MoveOptions,
     MoveSequence,
@@ -31,7 +31,18 @@ from gpudefrag.engines.kubernetes.moves import (
 )
 
 from ..lab import ready
-from .lab import COUNTER, NODE_SH, KubeNodes, agent_rbac, counter_pod, counts, ensure_namespace, start_agent
+from .lab import (
+    COUNTER,
+    NODE_SH,
+    KubeNodes,
+    agent_rbac,
+    archives,
+    counter_pod,
+    counts,
+    ensure_namespace,
+    only_the_original_runs,
+    start_agent,
+)
 
 pytestmark = pytest.mark.kube
 
@@ -77,29 +88,6 @@ def move(kube_nodes: KubeNodes, name: str, key: Path, tmp: Path,
     return m, res, steps, seq
 
 
-def only_the_original_runs(kube_nodes: KubeNodes, name: str, seq: MoveSequence) -> None:
-    """Exactly once: the original on real-a, Running and still counting, with no request left on it; no
-    replacement."""
-    lab = kube_nodes.lab
-    pods = lab.pods(NS)
-    assert [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")] == [name], \
-        lab.pod_states(NS)
-    assert lab.kubectl("-n", NS, "get", "pod", seq.replacement, check=False).returncode != 0
-    orig = lab.get("pods", name, ns=NS)
-    assert ready(orig) and orig["spec"]["nodeName"] == "real-a"
-    assert ANN_AGENT_REQUEST not in (orig["metadata"].get("annotations") or {})
-    n = counts(kube_nodes.logs(NS, name))[-1]
-    lab.wait(f"{name} counting on", lambda: counts(kube_nodes.logs(NS, name))[-1] > n, timeout=30)
-    started = [ln for ln in kube_nodes.logs(NS, name).splitlines() if ln.startswith("started ")]
-    assert len(started) == 1  # never restarted
-
-
-def archives(kube_nodes: KubeNodes, pod: str) -> list[str]:
-    """The kubelet's checkpoint archives of `pod` on real-a (they hold the container's memory)."""
-    ckdir = kube_nodes.nodes["real-a"].dir / "kubelet" / "checkpoints"
-    return sorted(p.name for p in ckdir.glob(f"checkpoint-{pod}_{NS}-*.tar")) if ckdir.is_dir() else []
-
-
 def test_registry_down_while_the_agent_pushes_leaves_the_original(kube_nodes: KubeNodes, setup: Path,
                                                                   tmp_path: Path) -> None:
     counting(kube_nodes, "reg-down")
@@ -116,8 +104,34 @@ def test_registry_down_while_the_agent_pushes_leaves_the_original(kube_nodes: Ku
     assert m.state is MigrationState.ROLLED_BACK, m
     failed = next(s for s in steps if s.startswith("wait-agent-checkpoint failed:"))
     assert "refused" in failed or "onnection" in failed, failed  # the push could not reach the registry
-    only_the_original_runs(kube_nodes, "reg-down", seq)
-    assert archives(kube_nodes, "reg-down") == []
+    only_the_original_runs(kube_nodes, NS, "reg-down", seq.replacement)
+    assert archives(kube_nodes, NS, "reg-down") == []
+
+
+def test_the_registry_refusing_the_push_leaves_the_original(kube_nodes: KubeNodes, setup: Path, tmp_path: Path,
+                                                            read_only_registry: Any) -> None:
+    """The registry answers but will not store: a real docker-registry in its read-only maintenance mode (what a
+    registry under maintenance, or one whose storage went read-only, does). The agent answers with the
+    registry's refusal — which push, where, the status — the executor rolls back before anything is created, no
+    image exists to name, and the archive is gone from real-a."""
+    ro = read_only_registry
+    counting(kube_nodes, "push-refused")
+    agent = start_agent(kube_nodes, "real-a", setup, tmp_path, registry=ro.url)
+    try:
+        m, res, steps, seq = move(kube_nodes, "push-refused", setup, tmp_path)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+    assert not res.ok and res.rolled_back, res
+    assert m.state is MigrationState.ROLLED_BACK and "the registry refused it (HTTP 4" in m.reason, m
+    failed = next(s for s in steps if s.startswith("wait-agent-checkpoint failed:"))
+    assert f"push of gpudefrag/checkpoints/{NS}-push-refused-main:{seq.move_id} to {ro.url}: the registry " \
+        "refused it (HTTP 4" in failed and "start upload" in failed, failed
+    kinds = [s.split(" ", 1)[0].rstrip(":") for s in steps]
+    assert "verify-checkpoint-image" not in kinds and "create-replacement" not in kinds, kinds
+    assert not list((ro.root / "docker").rglob("_manifests")), "the read-only registry stored a manifest"
+    only_the_original_runs(kube_nodes, NS, "push-refused", seq.replacement)
+    assert archives(kube_nodes, NS, "push-refused") == []
 
 
 def test_a_tampered_checkpoint_image_is_refused_before_anything_is_created(kube_nodes: KubeNodes, setup: Path,
@@ -153,7 +167,7 @@ def test_a_tampered_checkpoint_image_is_refused_before_anything_is_created(kube_
     assert "bad-manifest: manifest bytes hash to" in failed, failed
     kinds = [s.split(" ", 1)[0].rstrip(":") for s in steps]
     assert "create-replacement" not in kinds, kinds  # nothing was created from it
-    only_the_original_runs(kube_nodes, "tampered", seq)
+    only_the_original_runs(kube_nodes, NS, "tampered", seq.replacement)
 
 
 def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_move(
@@ -170,7 +184,7 @@ def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_mov
         if op.kind is not OpKind.WAIT_AGENT_CHECKPOINT or killed:
             return
         end = time.monotonic() + 60
-        while not archives(kube_nodes, "agent-killed"):
+        while not archives(kube_nodes, NS, "agent-killed"):
             assert time.monotonic() < end, "no archive appeared on real-a"
             time.sleep(0.02)
         agents[0].send_signal(signal.SIGKILL)
@@ -178,7 +192,7 @@ def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_mov
         ann = lab.get("pods", "agent-killed", ns=NS)["metadata"].get("annotations") or {}
         assert ANN_AGENT_RESULT not in ann, "the agent answered before it was killed"
         time.sleep(3)  # the kubelet finishes (or drops) the archive of the dead agent's request
-        killed.extend(archives(kube_nodes, "agent-killed") or ["(the kubelet dropped it)"])
+        killed.extend(archives(kube_nodes, NS, "agent-killed") or ["(the kubelet dropped it)"])
         agents.append(start_agent(kube_nodes, "real-a", setup, tmp_path / "again"))
 
     (tmp_path / "again").mkdir()
@@ -196,7 +210,7 @@ def test_the_node_agent_killed_mid_checkpoint_and_started_again_finishes_the_mov
     flat = "".join(again.split())  # the agent's log wraps at 80 columns
     for name in killed:  # the dead try's archive, if the kubelet kept it, removed by the agent started again
         assert name.startswith("(") or f"removed{name},leftbyanearliertry" in flat, (killed, again[-2000:])
-    assert archives(kube_nodes, "agent-killed") == []
+    assert archives(kube_nodes, NS, "agent-killed") == []
     # exactly once: the replacement on real-b, counting on from the checkpoint; the original gone
     assert lab.kubectl("-n", NS, "get", "pod", "agent-killed", check=False).returncode != 0
     repl = lab.get("pods", seq.replacement, ns=NS)
@@ -240,4 +254,4 @@ def test_the_target_kubelet_stopped_after_the_replacement_was_created_rolls_back
     lab.wait("the replacement gone once real-b's kubelet is back", lambda: lab.kubectl(
         "-n", NS, "get", "pod", seq.replacement, check=False).returncode != 0, timeout=120,
         state=lambda: lab.pod_states(NS))
-    only_the_original_runs(kube_nodes, "target-down", seq)
+    only_the_original_runs(kube_nodes, NS, "target-down", seq.replacement)
