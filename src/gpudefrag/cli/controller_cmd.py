@@ -276,6 +276,12 @@ def controller(
                     lease.renew()
                 on_cycle(ctl.cycle(plan_new=False))
     finally:
+        # the watches end before the process does: their daemon threads, left blocked in TLS reads while the
+        # interpreter shuts down, are one way a Python process aborts on its way out (a restarted
+        # `controller --once` on the real nodes ended with SIGABRT and nothing on stderr, its work done)
+        close = getattr(eng, "close", None)
+        if callable(close):
+            close()
         if lease is not None:
             lease.release()
 

@@ -105,7 +105,9 @@ def controller(kube_nodes: KubeNodes, tmp: Path, key: Path,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     policy = tmp / "policy.yaml"
     policy.write_text(POLICY)
-    e = {**kube_nodes.lab.env, "PYTHONPATH": str(REPO / "src"), **(env or {})}
+    # an abort says where (Python's stacks on stderr; glibc's own message there, not on a terminal)
+    e = {**kube_nodes.lab.env, "PYTHONPATH": str(REPO / "src"), "PYTHONFAULTHANDLER": "1", "LIBC_FATAL_STDERR_": "1",
+         **(env or {})}
     return subprocess.run([sys.executable, "-m", "gpudefrag.cli.main", "controller", "--policy", str(policy),
                            "--engine", "kubernetes", "--once", "--interval", "0.5", "--journal",
                            str(tmp / "journal.db"), "--registry", f"http://{kube_nodes.registry}", "--key", str(key)],
