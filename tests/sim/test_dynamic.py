@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 
 from gpudefrag.core.decision import decide
-from gpudefrag.core.model import MILLI, ClusterState, ModelError, Node, Placement, Request, WorkloadState
+from gpudefrag.core.model import (
+    MILLI,
+    ClusterState,
+    ModelError,
+    Node,
+    Placement,
+    Request,
+    WorkloadState,
+    workload_row,
+)
 from gpudefrag.core.model import Workload as ModelWorkload
 from gpudefrag.core.placement import Choice, Cluster, Pod, get_policy
 from gpudefrag.core.planner import PlanOptions
@@ -161,13 +170,18 @@ def test_to_state_totals_equal_a_fresh_build_and_a_bad_total_is_refused():
             cl.place(pod, ch)
             mine.append(ModelWorkload(f"pod-{k}", Request(gpus, 1, share, pod.cpu_milli, pod.memory_mib),
                                       placements=(Placement(f"n{ch.node}", ch.gpus),)))
-        state = cl.to_state(mine, now=5.0)
+        idx = {f"n{i}": i for i in range(6)}
+        state = cl.to_state(mine, now=5.0, known_rows=[workload_row(w, idx) for w in mine])
         fresh = ClusterState.build(state.nodes, state.workloads, now=5.0)
-        for attr in ("free_milli", "used_milli", "cpu_free", "mem_free", "gpu_counts", "usable_counts"):
+        for attr in ("free_milli", "used_milli", "cpu_free", "mem_free", "gpu_counts", "usable_counts",
+                     "running_rows"):  # the rows the caller kept, the background's added, are the state's own
             np.testing.assert_array_equal(getattr(state, attr), getattr(fresh, attr), err_msg=f"{trial} {attr}")
         np.testing.assert_array_equal(state.free_milli, cl.free)
     with pytest.raises(ModelError):  # totals that overfill a GPU are refused, not trusted
         ClusterState.from_totals(state.nodes, state.workloads, state.used_milli + MILLI, np.zeros(6), np.zeros(6))
+    with pytest.raises(ModelError, match="running_rows"):  # rows that do not match the running workloads
+        ClusterState.from_totals(state.nodes, state.workloads, state.used_milli, np.zeros(6), np.zeros(6),
+                                 running_rows=np.zeros((1, 9), dtype=np.int64))
 
 
 def test_decider_after_no_plan_asks_again_only_when_room_came_back():

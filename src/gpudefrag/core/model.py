@@ -285,6 +285,13 @@ def _state_arrays(nodes: Sequence[Node], used: np.ndarray, cpu_used: np.ndarray,
     }
 
 
+def workload_row(w: Workload, node_index: Mapping[str, int]) -> tuple[int, ...]:
+    """One running workload's row of `ClusterState.running_rows` (the columns are named there)."""
+    p, r = w.placements, w.request
+    return (node_index[p[0].node] if len(p) == 1 else -1, r.gpus_per_node, p[0].gpus[0] if p and p[0].gpus else -1,
+            r.gpu_milli, r.cpu_milli, r.memory_mib, len(p[0].gpus) if p else 0, len(p), int(w.can_move))
+
+
 @dataclass(frozen=True, eq=False)
 class ClusterState:
     """An immutable picture of a cluster at one instant.
@@ -311,13 +318,16 @@ class ClusterState:
         *,
         now: float = 0.0,
         name: str = "cluster",
+        running_rows: np.ndarray | None = None,
     ) -> ClusterState:
         """A state whose caller already holds what its running workloads use per GPU and per node (`used`: nodes
         × GPUs milli-GPU, `cpu_used`, `mem_used`), as the simulator's capacity arrays do (`Cluster.to_state`,
         asked at every decision of a replay). The arrays are made from those totals by `build`'s own rule
         (`_state_arrays`) instead of being summed again over thousands of workloads, and the checks are those the
         totals allow: unique non-empty ids, no GPU over 1000 milli, no CPU or memory over a node's capacity. The
-        caller guarantees that the totals are its workloads' sums (tests/sim/test_dynamic.py compares the two)."""
+        caller guarantees that the totals are its workloads' sums (tests/sim/test_dynamic.py compares the two).
+        `running_rows`: `workload_row` of each running workload in order, when the caller keeps them (the
+        replay's workloads change little between decisions)."""
         state = ClusterState(nodes=tuple(nodes), workloads=tuple(workloads), now=now, name=name)
         ids = [w.id for w in state.workloads]
         if len(set(ids)) != len(ids) or not all(ids):
@@ -329,6 +339,11 @@ class ClusterState:
             state._validate_exactly()  # names the workload that overfills a GPU, CPU or memory
             raise ModelError("workloads", "the usage totals exceed a node's capacity")
         state.__dict__["_arrays"] = arrays  # the cached_property's own slot: what `_arrays` would compute
+        if running_rows is not None:
+            if running_rows.shape != (len(state.running), 9):
+                raise ModelError("running_rows", f"{running_rows.shape} rows for {len(state.running)} running "
+                                 "workloads")
+            state.__dict__["running_rows"] = running_rows
         return state
 
     @staticmethod
@@ -509,11 +524,7 @@ class ClusterState:
         problem (each made its own pass at every decision of a replay)."""
         idx = self.node_index
         run = self.running
-        rows = [(idx[p[0].node] if len(p) == 1 else -1, r.gpus_per_node,
-                 p[0].gpus[0] if p and p[0].gpus else -1, r.gpu_milli, r.cpu_milli, r.memory_mib,
-                 len(p[0].gpus) if p else 0, len(p), w.can_move)
-                for w in run for p, r in ((w.placements, w.request),)]
-        return np.array(rows, dtype=np.int64).reshape(len(run), 9)
+        return np.array([workload_row(w, idx) for w in run], dtype=np.int64).reshape(len(run), 9)
 
     @cached_property
     def running_index(self) -> dict[str, int]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from .capacity import NOT_TRACKED, Capacity, Shape, model_allowed
 from .fragmentation import WorkloadMix
-from .model import MILLI, ClusterState, Node, Placement, Request, Workload
+from .model import MILLI, ClusterState, Node, Placement, Request, Workload, workload_row
 
 MAX_SPEC_CPU = 128_000  # milli-cores: the normaliser of the authors' dot-product and best-fit scores
 MAX_SPEC_GPU = 8_000  # milli-GPU: likewise (an 8-GPU node)
@@ -105,12 +105,13 @@ class Cluster(Capacity):
         return cl
 
     def to_state(self, running: Iterable[Workload], pending: Iterable[Workload] = (), *, now: float = 0.0,
-                 name: str = "cluster") -> ClusterState:
+                 name: str = "cluster", known_rows: Sequence[tuple[int, ...]] | None = None) -> ClusterState:
         """The reverse of `from_state`: these arrays as a snapshot, so the one decision (`core.decision`) can
         judge a simulated cluster. `running` are the workloads the caller knows (placed on these nodes by
         name); whatever else the arrays hold (a snapshot's background load, an unschedulable node's GPUs, CPU
         and memory not accounted for) becomes immovable `background-…` workloads, so the state's free arrays
-        equal these. CPU or memory not tracked here (`NOT_TRACKED`) is not tracked there either."""
+        equal these. CPU or memory not tracked here (`NOT_TRACKED`) is not tracked there either. `known_rows`:
+        `model.workload_row` of each of `running`, when the caller keeps them between calls (the replay)."""
         run = tuple(running)
         n, g = self.free.shape
         idx = self._name_index()
@@ -155,8 +156,12 @@ class Cluster(Capacity):
         # the totals, background included, are what the arrays hold: the state takes them instead of summing again
         gpu_total = used + np.maximum(rest_gpu, 0)
         cpu_total = cpu_used + np.maximum(rest_cpu, 0)
+        running_rows = None
+        if known_rows is not None:  # the caller's `workload_row`s of `running`, kept between calls; the background's
+            running_rows = np.array([*known_rows, *(workload_row(b, idx) for b in bg)],
+                                    dtype=np.int64).reshape(-1, 9)
         return ClusterState.from_totals(nodes, (*run, *bg, *pending), gpu_total, cpu_total, mem_used, now=now,
-                                        name=name)
+                                        name=name, running_rows=running_rows)
 
     def _name_index(self) -> dict[str, int]:
         got = self.__dict__.get("_names_at")

@@ -43,7 +43,7 @@ import numpy as np
 from ..core.cost import CostModel
 from ..core.decision import MOVE, Decision, decide
 from ..core.fragmentation import WorkloadMix
-from ..core.model import MILLI, ClusterState, Placement, WorkloadState
+from ..core.model import MILLI, ClusterState, Placement, WorkloadState, workload_row
 from ..core.model import Workload as PlannedWorkload
 from ..core.placement import Choice, Cluster, Pod, get_policy
 from ..core.planner import PlanOptions
@@ -458,7 +458,8 @@ class Decider:
         self.last_moved: list[tuple[int, Choice, Choice, float, float]] = []  # pid, from, to, downtime, lost (s)
         # the last "do nothing": head job, cluster version, room version, when, and whether no plan was feasible
         self._seen: tuple[int, int, int | None, float, bool] | None = None
-        self._running: dict[int, tuple[Choice, float, float | None, PlannedWorkload]] = {}  # pid -> workload
+        # pid -> (choice, start, heartbeat, workload, its `workload_row`)
+        self._running: dict[int, tuple[Choice, float, float | None, PlannedWorkload, tuple[int, ...]]] = {}
         # the filter's verdict per workload object (id -> (object, verdict)): `state` hands every decision the
         # same object for a placed job until its placement, start or heartbeat changes, and a workload is frozen,
         # so the filter is asked once per object, not once per object and decision (4,000 jobs x 800 decisions)
@@ -483,6 +484,7 @@ class Decider:
         the head job (`job-<jid>`, pending since `queued_at`)."""
         cl, cache = self.cl, self._running
         running = []
+        rows: list[tuple[int, ...]] = []
         hb = self.heartbeat_s
         for pid, (p, ch) in self.placed.pods.items():
             t0 = started.get(pid, now)
@@ -492,8 +494,9 @@ class Decider:
                 w = as_workload(p, checkpoint_bytes(p, cl.models[ch.node]), pid,
                                 placements=(Placement(cl.names[ch.node], ch.gpus),), started_at=t0,
                                 last_checkpoint_at=ck)
-                hit = cache[pid] = (ch, t0, ck, w)
+                hit = cache[pid] = (ch, t0, ck, w, workload_row(w, self.node_index))
             running.append(hit[3])
+            rows.append(hit[4])
         for pid in [k for k in cache if k not in self.placed.pods]:
             del cache[pid]
         if len(self._verdicts) > 2 * len(running) + 1000:  # forget the objects no placed job uses any more
@@ -501,7 +504,7 @@ class Decider:
             for k in [k for k in self._verdicts if k not in live]:
                 del self._verdicts[k]
         head = PlannedWorkload(f"job-{jid}", request_of(pod), WorkloadState.PENDING, submitted_at=queued_at)
-        return cl.to_state(running, (head,), now=now, name="dynamic"), head
+        return cl.to_state(running, (head,), now=now, name="dynamic", known_rows=rows), head
 
     def wants(self, jid: int, now: float, version: int, freed: int | None = None) -> bool:
         """Whether the decision is to be asked again for the head job `jid`: not when it last said "do nothing"
