@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import pytest
 
-from ..lab import start_lab, stop_lab
+from ..lab import ready, start_lab, stop_lab
 from .lab import NODE_SH, NODE_TOOLS, KubeNodes
 
 
@@ -53,7 +53,19 @@ SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease",
 @pytest.fixture(autouse=True)
 def _pods_gone_after_each_test(kube_nodes: KubeNodes) -> Iterator[None]:
     """The package's tests share two nodes of 8 GPUs each: what one test left running (a replacement on real-b)
-    would keep the next one's pods from fitting. Its pods go, and are gone from the kubelets, before the next."""
+    would keep the next one's pods from fitting. Its pods go, and are gone from the kubelets, before the next.
+    Before each test both nodes are Ready and advertise their GPUs again: a test that stopped a kubelet (the
+    NotReady target) starts it again, but its device plugin registers a moment later, and a move planned in
+    that moment sees a target with 0 GPUs."""
+    lab = kube_nodes.lab
+
+    def whole() -> bool:
+        got = {n["metadata"]["name"]: n for n in lab.get("nodes")["items"]}
+        return all(name in got and ready(got[name]) and
+                   int(got[name]["status"].get("allocatable", {}).get("nvidia.com/gpu", "0")) > 0
+                   for name in kube_nodes.nodes)
+
+    lab.wait("both real nodes Ready with their GPUs advertised", whole, timeout=180)
     yield
     lab = kube_nodes.lab
     for ns in lab.get("namespaces")["items"]:
