@@ -202,3 +202,24 @@ def shared_tmp() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a Kubernetes watch thread is still running at its end. Such a thread, reading from or
+    retrying against an API server a fixture has stopped, outlived its test; when the interpreter finalizes
+    under it the process can die with SIGABRT and no message (CI exit 134 after every test passed)."""
+    import threading
+
+    from gpudefrag.engines.kubernetes.watch import THREAD_PREFIX
+
+    deadline = time.monotonic() + 10  # a watch being stopped ends within its join timeout
+    while True:
+        left = sorted(t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and t.is_alive())
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if left:
+        session.config.get_terminal_writer().line(
+            f"\nERROR: {len(left)} Kubernetes watch thread(s) still running at the end of the run "
+            f"(a WatchCache, engine or dashboard source not stopped/closed): {', '.join(left)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

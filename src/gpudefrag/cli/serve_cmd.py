@@ -122,14 +122,25 @@ def _source(engine: EngineName, snapshot: Path | None, enrich=None):  # type: ig
     try:
         src.state()  # observe once now: a cluster we cannot read is an error at startup, not on every page
     except InputError:
+        src.close()
         raise
     except Exception as e:
+        src.close()
         raise fail(f"cannot observe the {engine.value} cluster: {e}") from None
     return src
 
 
 def _run(source, host: str, port: int, *, allow_remote: bool, token: str | None,  # type: ignore[no-untyped-def]
          journal: Path | None, check: bool = False, json_out: bool = False, options=None) -> None:
+    try:
+        _serve(source, host, port, allow_remote=allow_remote, token=token, journal=journal, check=check,
+               json_out=json_out, options=options)
+    finally:
+        source.close()  # the live engine's watches end before the process does
+
+
+def _serve(source, host: str, port: int, *, allow_remote: bool, token: str | None,  # type: ignore[no-untyped-def]
+           journal: Path | None, check: bool, json_out: bool, options) -> None:
     from ..web.app import create_app
     from ..web.server import allowed_hosts
     from ..web.server import serve as run_server

@@ -84,6 +84,9 @@ class ClusterSource:
     def state(self) -> ClusterState:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what observing holds (a live engine's watch threads). Nothing for a fixed state."""
+
     def plan_for(self, version: int, workload_id: str, make: Callable[[], Any]) -> Any:
         """The plan previewed for this workload at this version, made once: applying a preview applies exactly
         the moves that were shown (the solver may break ties differently on a second run)."""
@@ -154,6 +157,13 @@ class EngineSource(ClusterSource):
                 self._state, self._at = new, now
                 self._record(new)
             return self._state
+
+    def close(self) -> None:
+        """End the engine's watches: a watch thread still reading from the API server when the interpreter
+        finalizes can take the process down with SIGABRT instead of a clean exit."""
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
 
 
 def make_engine(name: str) -> Any:

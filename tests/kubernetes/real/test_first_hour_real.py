@@ -74,9 +74,13 @@ def test_plan_text_dashboard_and_a_plan_carried_across_cycles(kube: KubeLab, tmp
     from gpudefrag.web.source import EngineSource, make_engine
 
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
-    web = TestClient(create_app(EngineSource(make_engine("kubernetes"), "kubernetes")))
-    assert web.get("/api/summary").json()["pending"] == 1
-    (job,) = web.get("/api/pending").json()
+    source = EngineSource(make_engine("kubernetes"), "kubernetes")
+    try:
+        web = TestClient(create_app(source))
+        assert web.get("/api/summary").json()["pending"] == 1
+        (job,) = web.get("/api/pending").json()
+    finally:
+        source.close()  # its watches end here, not with the test process
     assert job["id"] == "ml/train-8g", job
     cause = job["diagnosis"]["causes"][0]
     assert cause["code"] == "fragmentation" and "gpu-node-3" not in cause["summary"], cause

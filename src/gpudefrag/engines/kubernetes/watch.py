@@ -36,6 +36,7 @@ from .live import Caller, Source, absence_notes, autoscaler_source, list_all, li
 
 RELIST_BACKOFF_MAX_S = 30.0
 DRA_PROBE_S = (30.0, 600.0)  # first pause, longest pause between looks for the DRA kinds
+THREAD_PREFIX = "gpudefrag-watch"  # every thread a WatchCache starts is named so (a leak is found by its name)
 
 
 class _Feed:
@@ -82,7 +83,7 @@ class WatchCache:
         self.skipped = call.warnings
         self._follow(listed)
         if not any(src.kind == "ResourceSlice" for src, _, _ in listed):
-            self._spawn(self._probe_dra, "look for DRA")
+            self._spawn(self._probe_dra, f"{THREAD_PREFIX} DRA probe")
         return self
 
     def _follow(self, listed: list[tuple[Source, list[dict[str, Any]], str]]) -> None:
@@ -93,7 +94,7 @@ class WatchCache:
                 self.model.replace(src.name, items)
                 self.generation += 1
         for src, _, _ in listed:
-            self._spawn(lambda f=self.feeds[src.name]: self._run(f), f"watch {src.name}")
+            self._spawn(lambda f=self.feeds[src.name]: self._run(f), f"{THREAD_PREFIX} {src.name}")
 
     def _spawn(self, fn: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=fn, name=name, daemon=True)
