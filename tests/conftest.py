@@ -123,22 +123,18 @@ def start_registry(root: Path, *, read_only: bool = False) -> RegistryLab | None
 def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryLab]:
     """A real registry for checkpoint images. Skipped loudly when `docker-registry` is missing, unless
     GPUDEFRAG_REQUIRE_REGISTRY=1 (CI: `scripts/setup.sh all` installs it)."""
-    lab = start_registry(tmp_path_factory.mktemp("registry") / "data")
-    if lab is None:
-        part_missing("REGISTRY", "OCI REGISTRY CANNOT RUN HERE (install Debian's docker-registry: scripts/setup.sh "
-                     "all); registry tests are SKIPPED")
-    try:
-        yield lab
-    finally:
-        lab.proc.terminate()
-        lab.proc.wait(timeout=30)
+    yield from _registry(tmp_path_factory.mktemp("registry") / "data", read_only=False)
 
 
 @pytest.fixture
 def read_only_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryLab]:
     """A real registry that answers but refuses every push (its own read-only maintenance mode): a registry
     under maintenance, or one whose storage went read-only. Skipped like `oci_registry`."""
-    lab = start_registry(tmp_path_factory.mktemp("registry-ro") / "data", read_only=True)
+    yield from _registry(tmp_path_factory.mktemp("registry-ro") / "data", read_only=True)
+
+
+def _registry(data: Path, *, read_only: bool) -> Iterator[RegistryLab]:
+    lab = start_registry(data, read_only=read_only)
     if lab is None:
         part_missing("REGISTRY", "OCI REGISTRY CANNOT RUN HERE (install Debian's docker-registry: scripts/setup.sh "
                      "all); registry tests are SKIPPED")
