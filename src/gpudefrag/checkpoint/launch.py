@@ -228,13 +228,13 @@ def _job_pid(p: subprocess.Popen[bytes], full: list[str], n_prefix: int, timeout
         for _ in range(n_prefix + 1):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):  # gone, or exiting (ESRCH)
                 break
             if cmd and cmd not in stages:
                 return pid
             try:
                 kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):  # gone, or exiting (ESRCH)
                 break
             if not kids:
                 break
@@ -255,11 +255,11 @@ def process_tree(pid: int) -> list[int]:
         out.append(p)
         try:
             tasks = list(Path(f"/proc/{p}/task").iterdir())
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone, or exiting (ESRCH)
             continue
         for t in tasks:
             try:
                 todo += [int(c) for c in (t / "children").read_text().split()]
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):  # gone, or exiting (ESRCH)
                 continue
     return out

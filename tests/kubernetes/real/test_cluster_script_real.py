@@ -28,8 +28,10 @@ def test_nodes_are_gpu_nodes_gpudefrag_reads(kube: KubeLab, cli: Any, tmp_path: 
                "--product", "NVIDIA-A100-SXM4-80GB", "--mig", "1g.10gb=7", "--taint", "dedicated=train:NoSchedule")
     assert p.returncode == 0, p.stderr
     names = ["gpu-node-5", "gpu-node-6"]
-    kube.wait("the script's nodes Ready", lambda: all(
-        ready(n) for n in kube.get("nodes")["items"] if n["metadata"]["name"] in names)
+    # Ready, and the node lifecycle controller has taken its not-ready taint off again (a moment later)
+    kube.wait("the script's nodes Ready, without the not-ready taint", lambda: all(
+        ready(n) and not any(t["key"] == "node.kubernetes.io/not-ready" for t in n["spec"].get("taints") or [])
+        for n in kube.get("nodes")["items"] if n["metadata"]["name"] in names)
         and {n["metadata"]["name"] for n in kube.get("nodes")["items"]} >= set(names))
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
     code, _, err = cli("kube", "snapshot", "--kube", "--out", str(tmp_path / "snap.json"))
