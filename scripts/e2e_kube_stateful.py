@@ -210,6 +210,9 @@ def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
     wait("the node agent Running on real-a", lambda: any(
         ready(p) and p["spec"].get("nodeName") == "real-a" for p in lab.get("-n", "gpudefrag-node", "pods")["items"]),
         300)
+    # the deployed agent's start line names the container runtime it reached through the DaemonSet's hostPath
+    # (/run/containerd on the node): the application hook's way into its node's containers
+    agent_runtime = wait("the node agent on real-a naming its runtime", lambda: agent_runtime_of(lab, "real-a"), 60)
     before_uid = lab.get("-n", "ml", "pod", "counter")["metadata"]["uid"]
     # the original's count, the last one read on real-a before its replacement appeared
     seen = {"before": counts(lab.kubectl("-n", "ml", "logs", "counter").stdout)[-1]}
@@ -256,7 +259,20 @@ def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
           and repl["spec"]["nodeName"] == "real-b" and bound == "real-a"
           and repl["metadata"]["uid"] != before_uid)
     return {"moved": ok, "by": ctl["metadata"]["name"], "counter_before": n_before, "counter_after": got[-1],
-            "node_freed": "real-a", "pending_pod_bound_to": bound, "downtime_s": downtime}
+            "node_freed": "real-a", "pending_pod_bound_to": bound, "downtime_s": downtime,
+            "agent_runtime": agent_runtime}
+
+
+def agent_runtime_of(lab: Lab, node: str) -> str | None:
+    """What the deployed node agent on `node` said at start of its container runtime ("containerd v2.2.9 (CRI v1)
+    at unix:///host/run/containerd/containerd.sock", or "none (why; …)"), once its log has the line."""
+    for p in lab.get("-n", "gpudefrag-node", "pods")["items"]:
+        if p["spec"].get("nodeName") == node:
+            text = lab.kubectl("-n", "gpudefrag-node", "logs", p["metadata"]["name"], check=False).stdout
+            m = re.search(rf"node-agent on {re.escape(node)}: .*?, runtime (.*?), pid \d+", text)
+            if m:
+                return m.group(1)
+    return None
 
 
 def crashing(lab: Lab) -> None:

@@ -1,7 +1,8 @@
 """The node agent's CRI client (engines/kubernetes/cri.py) against a real containerd — the one the real-node lab
-runs (tools/kubenode/build.sh, cached), started here alone on a socket of its own: the gRPC call it hand-builds
-is understood (Version answers), a gRPC error is told from an answer (ExecSync in no container), and a socket
-with nobody behind it is said so. The ExecSync that signals a running container is the real-node app-hook test's
+runs (tools/kubenode/build.sh, cached), started here alone on a socket of its own: the gRPC call (grpcio, with
+the messages made from their descriptors) is understood (Version answers), a gRPC error is told from an answer
+and carries the runtime's own reason (ExecSync in no container), and a socket with nobody behind it is said so.
+The ExecSync that signals a running container is the real-node app-hook test's
 (tests/kubernetes/real/nodes/test_app_hook_nodes.py)."""
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ state = "{tmp_path}/state"
         p.wait(timeout=30)
 
 
-def test_the_hand_built_grpc_call_reaches_containerds_cri(containerd: Runtime, tmp_path: Path) -> None:
+def test_the_grpc_call_reaches_containerds_cri(containerd: Runtime, tmp_path: Path) -> None:
     assert containerd.version() == "containerd v2.2.9 (CRI v1)"
-    with pytest.raises(CriError, match="refused ExecSync in no-such-cont"):
+    with pytest.raises(CriError, match=r"refused ExecSync in no-such-cont: NOT_FOUND: .*no-such-container") as e:
         containerd.exec_sync("no-such-container", ["kill", "-USR1", "1"], timeout_s=5)
+    print(e.value)
     # containerd got the very call (container id and all) and said why it refused it
     assert 'ExecSync for \\"no-such-container\\" failed' in (tmp_path / "containerd.log").read_text()
 

@@ -251,7 +251,7 @@ KUBELET_PORT=$kport
 KUBELET_HEALTHZ_PORT=$hport
 KUBELET_ROOT_IN_NODE=/var/lib/kubelet
 KUBELET_ROOT=$n/kubelet
-CONTAINERD_ADDRESS=$n/containerd/containerd.sock
+CONTAINERD_ADDRESS=$n/run-containerd/containerd.sock
 CGROUP_PARENT=/$cg
 CNI_BRIDGE=$bridge
 POD_SUBNET=$subnet
@@ -260,15 +260,17 @@ REGISTRY=$registry
 ENV
   node_cert "$n" "$name" "$ip"
 
-  # ---- containerd: own root, state, socket; CRI with runc + CRIU; NRI off (its socket is a fixed host path)
+  # ---- containerd: own root, state, socket; CRI with runc + CRIU; NRI off (its socket is a fixed host path).
+  # The socket is in $n/run-containerd, which the node's mount namespace puts over /run/containerd: inside the
+  # node (the node agent's DaemonSet, hostPath /run/containerd) it is containerd's default path.
   cat > "$n/containerd/config.toml" <<CFG
 version = 3
 root = "$n/containerd/root"
 state = "$n/containerd/state"
 [grpc]
-  address = "$n/containerd/containerd.sock"
+  address = "$n/run-containerd/containerd.sock"
 [ttrpc]
-  address = "$n/containerd/containerd.sock.ttrpc"
+  address = "$n/run-containerd/containerd.sock.ttrpc"
 [debug]
   level = "info"
 [plugins]
@@ -323,8 +325,8 @@ cgroupDriver: cgroupfs
 cgroupRoot: /$cg
 featureGates:
   ContainerCheckpoint: true
-containerRuntimeEndpoint: unix://$n/containerd/containerd.sock
-imageServiceEndpoint: unix://$n/containerd/containerd.sock
+containerRuntimeEndpoint: unix://$n/run-containerd/containerd.sock
+imageServiceEndpoint: unix://$n/run-containerd/containerd.sock
 address: $ip
 port: $kport
 readOnlyPort: 0
@@ -395,12 +397,12 @@ CMD
     nsenter --mount="/proc/$nspid/ns/mnt" -- mount --bind "${b%%:*}" "${b##*:}"
   done
   nlaunch containerd
-  wait_for "containerd of $name" 60 test -S "$n/containerd/containerd.sock" \
+  wait_for "containerd of $name" 60 test -S "$n/run-containerd/containerd.sock" \
     || { tail -20 "$n/logs/containerd.log" >&2; node_down "$name"; exit 1; }
   # the sandbox image is imported, not pulled: the pod sandboxes never depend on the registry
   local images
   images=$(sed -n 's/^IMAGES=//p' "$dir/registry/env")
-  nsenter --mount="/proc/$nspid/ns/mnt" -- "$bin/ctr" --address "$n/containerd/containerd.sock" -n k8s.io images import \
+  nsenter --mount="/proc/$nspid/ns/mnt" -- "$bin/ctr" --address "$n/run-containerd/containerd.sock" -n k8s.io images import \
     --local --no-unpack=false "$images/pause.tar" >/dev/null 2>>"$n/logs/containerd.log" \
     || { log "importing the pause image failed"; tail -5 "$n/logs/containerd.log" >&2; node_down "$name"; exit 1; }
   nlaunch kubelet
@@ -472,7 +474,7 @@ exec)
   name=${3:?node name}; shift 3
   n=$dir/nodes/$name
   alive "$n/pids/holder" || { log "node $name is not up"; exit 1; }
-  CONTAINERD_ADDRESS=$n/containerd/containerd.sock CONTAINERD_NAMESPACE=k8s.io \
+  CONTAINERD_ADDRESS=$n/run-containerd/containerd.sock CONTAINERD_NAMESPACE=k8s.io \
     exec nsenter --mount="/proc/$(cat "$n/pids/holder-ns")/ns/mnt" -- "$@" ;;
 stop|restart)
   name=${3:?node name}; c=${4:?component: kubelet, containerd or fakegpu-plugin}

@@ -1,6 +1,7 @@
 """The acceptance path of issue 26 in the test suite: scripts/e2e_kube_stateful.py's `scenario` — gpudefrag
 built from the Containerfile, deployed with `kubectl apply -k`, the *deployed* controller moving a counter pod
-with its state from real-a to real-b so that a pending 8-GPU pod gets real-a — on this package's real nodes."""
+with its state from real-a to real-b so that a pending 8-GPU pod gets real-a — on this package's real nodes; the
+deployed node agent reaches its node's container runtime through the DaemonSet's hostPath."""
 
 from __future__ import annotations
 
@@ -46,3 +47,6 @@ def test_the_deployed_controller_moves_a_pod_with_its_state(kube_nodes: KubeNode
     assert out["counter_after"] > out["counter_before"]
     assert out["node_freed"] == out["pending_pod_bound_to"] == "real-a"
     assert out["downtime_s"] is not None and out["downtime_s"] > 0
+    # the deployed agent reaches its node's containerd where the DaemonSet mounts it (the application hook's way)
+    assert out["agent_runtime"].startswith("containerd v2."), out
+    assert out["agent_runtime"].endswith(" at unix:///host/run/containerd/containerd.sock"), out
