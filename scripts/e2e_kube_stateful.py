@@ -212,7 +212,11 @@ def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
         300)
     # the deployed agent's start line names the container runtime it reached through the DaemonSet's hostPath
     # (/run/containerd on the node): the application hook's way into its node's containers
-    agent_runtime = wait("the node agent on real-a naming its runtime", lambda: agent_runtime_of(lab, "real-a"), 60)
+    try:
+        agent_runtime = wait("the node agent on real-a naming its runtime", lambda: agent_runtime_of(lab, "real-a"),
+                             60)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}; its log: {agent_log(lab, 'real-a')[-2000:]!r}") from None
     before_uid = lab.get("-n", "ml", "pod", "counter")["metadata"]["uid"]
     # the original's count, the last one read on real-a before its replacement appeared
     seen = {"before": counts(lab.kubectl("-n", "ml", "logs", "counter").stdout)[-1]}
@@ -263,16 +267,21 @@ def scenario(lab: Lab, work: Path, image: str) -> dict[str, Any]:
             "agent_runtime": agent_runtime}
 
 
-def agent_runtime_of(lab: Lab, node: str) -> str | None:
-    """What the deployed node agent on `node` said at start of its container runtime ("containerd v2.2.9 (CRI v1)
-    at unix:///host/run/containerd/containerd.sock", or "none (why; …)"), once its log has the line."""
+def agent_log(lab: Lab, node: str) -> str:
+    """The deployed node agent's log on `node` ("" before its pod exists)."""
     for p in lab.get("-n", "gpudefrag-node", "pods")["items"]:
         if p["spec"].get("nodeName") == node:
-            text = lab.kubectl("-n", "gpudefrag-node", "logs", p["metadata"]["name"], check=False).stdout
-            m = re.search(rf"node-agent on {re.escape(node)}: .*?, runtime (.*?), pid \d+", text)
-            if m:
-                return m.group(1)
-    return None
+            got = lab.kubectl("-n", "gpudefrag-node", "logs", p["metadata"]["name"], check=False)
+            return got.stdout + got.stderr
+    return ""
+
+
+def agent_runtime_of(lab: Lab, node: str) -> str | None:
+    """What the deployed node agent on `node` said at start of its container runtime ("containerd v2.2.9 (CRI v1)
+    at unix:///host/run/containerd/containerd.sock", or "none (why; …)"), once its log has the line (one line:
+    the agent never wraps its log)."""
+    m = re.search(rf"node-agent on {re.escape(node)}: .*?, runtime (.*?), pid \d+", agent_log(lab, node))
+    return m.group(1) if m else None
 
 
 def crashing(lab: Lab) -> None:

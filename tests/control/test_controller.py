@@ -254,6 +254,31 @@ def test_controller_once_carries_the_plan_to_its_end(state, tmp_path: Path) -> N
     moved = Journal(tmp_path / "j.db", readonly=True).all()
     assert len(moved) == 2 and all(m.state.value == "done" for m in moved)
 
+
+def test_controller_log_lines_stay_whole_on_a_narrow_pipe(state, tmp_path: Path) -> None:
+    """A log line is one line whatever the console's width (a container's stdout is a pipe, 80 columns to Rich):
+    each starts with its time, and the long ones are not broken where `kubectl logs | grep` would miss them."""
+    import re
+    import subprocess
+    import sys
+
+    import yaml
+
+    from gpudefrag.snapshot import save_snapshot
+
+    snap, pol = tmp_path / "snap.json", tmp_path / "pol.yaml"
+    save_snapshot(snap, state)
+    pol.write_text(yaml.safe_dump({"trigger": {"pending": {"longer_than_s": 10}, "on_request": True},
+                                   "budgets": {"max_concurrent": 4, "max_per_node": 1}}))
+    p = subprocess.run([sys.executable, "-m", "gpudefrag.cli.main", "controller", "--engine", "sim", "--snapshot",
+                        str(snap), "--policy", str(pol), "--journal", str(tmp_path / "j.db"), "--once"],
+                       capture_output=True, text=True, timeout=120, env={"COLUMNS": "40", "PATH": "/usr/bin"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    assert lines and all(re.match(r"\d\d:\d\d:\d\d ", ln) for ln in lines), p.stdout
+    assert any(len(ln) > 40 and "finished: 2 of 2 move(s) made" in ln for ln in lines), p.stdout
+
+
 def _held(state):  # type: ignore[no-untyped-def]
     import dataclasses
 

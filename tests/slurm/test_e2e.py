@@ -62,9 +62,18 @@ def test_controller_moves_one_node_and_the_8gpu_job_runs(cluster, record_propert
     waited = t_start - t_submit
     record_property("submit_to_start_s", round(waited, 1))
     print(f"\n8-GPU job: submitted -> running in {waited:.1f} s")
-    migs = Journal(journal).all()
-    assert len(migs) == 2 and all(m.state.value == "done" for m in migs), \
-        ([(m.workload_id, m.state.value, m.reason) for m in migs], (c.root / "e2e-controller.err").read_text()[-4000:])
+    every = Journal(journal).all()
+    why = "\n".join(f"{m.workload_id} {m.source}->{m.target} {m.state.value}: {m.reason}" for m in every)
+    print(why)
+    migs = [m for m in every if m.state.value == "done"]
+    # a checkpoint that fails (CRIU under a loaded CI machine) is rolled back with the job still running where it
+    # was, and the next pass moves it again: that is the designed fallback, so it is allowed here, but only that
+    for m in every:
+        assert m.state.value in ("done", "rolled-back"), (why, (c.root / "e2e-controller.err").read_text()[-4000:])
+        if m.state.value == "rolled-back":
+            assert m.reason.startswith("checkpoint failed") and "the job kept running" in m.reason, why
+            assert any(d.workload_id == m.workload_id and d.id > m.id for d in migs), why
+    assert len(migs) == 2, why
     assert {m.source for m in migs} == {freed}
     moved = {m.workload_id: m for m in migs}
     for name, jid in jobs.items():

@@ -47,6 +47,13 @@ def _default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def log_line(text: str, *, markup: bool = False) -> None:
+    """One log line of a long-running command (controller, node agent) on stdout. Never wrapped: Rich would break
+    it at the console's width (80 columns when stdout is a pipe, as in a container's log), and a line that a
+    collector, `kubectl logs | grep` or a test reads must stay whole."""
+    console.print(text, markup=markup, highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)

@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import CostsOpt, JsonOpt, KeyOpt, PolicyOpt, StoreOpt, console, emit_json, fail
+from .common import CostsOpt, JsonOpt, KeyOpt, PolicyOpt, StoreOpt, console, emit_json, fail, log_line
 
 DEFAULT_STATE_DIR = Path(os.environ.get("GPUDEFRAG_STATE_DIR", "/var/lib/gpudefrag"))
 
@@ -143,7 +143,7 @@ def controller(
 
     def log(msg: str) -> None:
         if not json_out:
-            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(msg)}")
+            log_line(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(msg)}", markup=True)
 
     executor = None
     st = None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from .common import KeyOpt, console, fail
+from .common import KeyOpt, fail, log_line
 
 
 def register(app: typer.Typer) -> None:
@@ -80,7 +80,7 @@ def node_agent(
             sys.stdout.write(json.dumps({"time": time.time(), "node": node, "event": message}) + "\n")
             sys.stdout.flush()
         else:
-            console.print(message, markup=False, highlight=False)
+            log_line(message)
 
     if not runtime_endpoint.startswith(("unix://", "/")):
         raise fail(f"--runtime-endpoint must be unix:///path or /path, not {runtime_endpoint!r}")
