@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpudefrag.core.capacity import Capacity, Shape, fits, pick_gpus
 from gpudefrag.core.model import ClusterState
@@ -147,6 +148,35 @@ def test_room_bound_is_the_cheapest_set_that_makes_room_and_inf_when_none_does(p
                     best = min(best, sum(float(p.score_lb[w]) for w in sub))
         got = room_bound(p, work, part, i)
         assert got == pytest.approx(best) if np.isfinite(best) else got == float("inf")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), options, st.booleans())
+def test_room_possible_is_false_only_where_room_bound_is_inf(problem, opts, diagnosed):
+    """`room_possible` (the heuristic's vectorised pre-test: may any set of a node's movable workloads make
+    room?) never rules out a node that `room_bound` would give a finite bound: with the filter's verdicts known
+    (a diagnosis asked them first) or not, and after a move was made on the working state."""
+    from gpudefrag.core.planner_heuristic import room_bound, room_possible
+    from gpudefrag.core.planner_problem import Work
+
+    state, request = problem
+    if diagnosed:
+        state.may_move(opts.movable)
+    p = Problem(state, opts)
+    part = parts_of(state, [request])[0]
+    works = [Work(p)]
+    movers = [int(w) for w in np.flatnonzero(~p.multi) if p.why_not_movable(int(w)) is None]
+    if movers and opts.max_moves > 0:  # one workload released from its node and put back there (a moved one)
+        w = Work(p)
+        wi = movers[0]
+        w.release(wi)
+        w.move(wi, int(p.src[wi]), p.ws[wi].placements[0].gpus)
+        works.append(w)
+    for work in works:
+        possible = room_possible(p, work, part)
+        for i in range(len(state.nodes)):
+            if not possible[i]:
+                assert room_bound(p, work, part, i) == float("inf"), i
 
 
 def test_room_bound_of_a_node_that_no_set_can_clear_is_inf_without_trying_thousands():

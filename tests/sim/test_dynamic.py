@@ -171,17 +171,89 @@ def test_to_state_totals_equal_a_fresh_build_and_a_bad_total_is_refused():
             mine.append(ModelWorkload(f"pod-{k}", Request(gpus, 1, share, pod.cpu_milli, pod.memory_mib),
                                       placements=(Placement(f"n{ch.node}", ch.gpus),)))
         idx = {f"n{i}": i for i in range(6)}
-        state = cl.to_state(mine, now=5.0, known_rows=[workload_row(w, idx) for w in mine])
+        rows = [workload_row(w, idx) for w in mine]
+        held = np.full((len(mine), cl.free.shape[1]), -1, dtype=np.int64)  # the GPUs of each, -1 padded
+        for k, w in enumerate(mine):
+            held[k, : len(w.placements[0].gpus)] = w.placements[0].gpus
+        state = cl.to_state(mine, now=5.0, known_rows=rows)
+        summed = cl.to_state(mine, now=5.0, known_rows=np.array(rows).reshape(-1, 9), known_gpus=held)
         fresh = ClusterState.build(state.nodes, state.workloads, now=5.0)
         for attr in ("free_milli", "used_milli", "cpu_free", "mem_free", "gpu_counts", "usable_counts",
                      "running_rows"):  # the rows the caller kept, the background's added, are the state's own
             np.testing.assert_array_equal(getattr(state, attr), getattr(fresh, attr), err_msg=f"{trial} {attr}")
+            np.testing.assert_array_equal(getattr(summed, attr), getattr(fresh, attr), err_msg=f"{trial} {attr}")
         np.testing.assert_array_equal(state.free_milli, cl.free)
+        assert summed.workloads == fresh.workloads
     with pytest.raises(ModelError):  # totals that overfill a GPU are refused, not trusted
         ClusterState.from_totals(state.nodes, state.workloads, state.used_milli + MILLI, np.zeros(6), np.zeros(6))
     with pytest.raises(ModelError, match="running_rows"):  # rows that do not match the running workloads
         ClusterState.from_totals(state.nodes, state.workloads, state.used_milli, np.zeros(6), np.zeros(6),
                                  running_rows=np.zeros((1, 9), dtype=np.int64))
+    with pytest.raises(ModelError, match="verdicts"):  # a filter's verdicts that do not match them either
+        ClusterState.from_totals(state.nodes, state.workloads, state.used_milli, np.zeros(6), np.zeros(6),
+                                 verdicts=(bool, np.ones(1, dtype=bool)))
+
+
+def test_decider_state_kept_between_decisions_equals_one_built_afresh():
+    """The decision's input is kept per pod between decisions (only the pods placed, moved or dropped since, and
+    those whose heartbeat passed, are made again): after random starts, ends and moves on a cluster with a
+    background load, at times that cross heartbeats, it equals the state built from every placed pod anew
+    (workloads in pod order, rows, free arrays, and the filter's verdicts)."""
+    from gpudefrag.core.capacity import pick_gpus
+    from gpudefrag.sim.costs import as_workload, request_of
+
+    rng = np.random.default_rng(11)
+    nodes = [Node(f"n{i}", int(rng.choice([2, 4, 8])), "G2", cpu_milli=64_000, memory_mib=256_000)
+             for i in range(6)]
+    bg = [ModelWorkload("bg", Request(1, 1, 300, 2000), placements=(Placement("n0", (1,)),), movable=False)]
+    cl = Cluster.from_state(ClusterState.build(nodes, bg))
+    placed = Placed.for_cluster(cl)
+    best = get_policy("bestfit")
+    opts = _options(DynamicConfig(movable_max_gpus=1))
+    decider = Decider(cl, placed, opts, 60.0, heartbeat_s=100.0)
+    started: dict[int, float] = {}
+    now, moved, ended = 0.0, 0, 0
+    for step in range(40):
+        now += float(rng.choice([5.0, 40.0, 100.0, 250.0]))
+        for _ in range(int(rng.integers(0, 4))):  # starts
+            gpus = int(rng.choice([0, 1, 1, 2, 4]))
+            share = int(rng.choice([250, 500, 1000])) if gpus == 1 else MILLI
+            pod = Pod(gpus, share if gpus else 0, int(rng.integers(0, 8000)), int(rng.integers(0, 30_000)))
+            ch = best.choose(cl, pod, rng)
+            if ch is not None:
+                cl.place(pod, ch)
+                started[placed.add(pod, ch)] = now
+        pids = list(placed.pods)
+        for pid in rng.permutation(pids)[: int(rng.integers(0, 3))].tolist():  # ends
+            cl.remove(*placed.drop(pid))
+            del started[pid]
+            ended += 1
+        for pid in rng.permutation(list(placed.pods))[: int(rng.integers(0, 3))].tolist():  # moves elsewhere
+            pod, was = placed.pods[pid]
+            fit = cl.fits(pod)
+            fit[was.node] = False
+            if fit.any():
+                node = int(rng.choice(np.flatnonzero(fit)))
+                cl.remove(pod, was)
+                ch = Choice(node, pick_gpus(cl.free[node], pod))
+                cl.place(pod, ch)
+                placed.move(pid, ch)
+                moved += 1
+        head = Pod(2, 1000, 4000, 0)
+        got, _ = decider.state(99, head, now - 10.0, started, now)
+        mine = []
+        for pid, (p, ch) in placed.pods.items():
+            t0 = started[pid]
+            ck = t0 + ((now - t0) // 100.0) * 100.0 if now - t0 >= 100.0 else None
+            mine.append(as_workload(p, checkpoint_bytes(p, "G2"), pid, placements=(Placement(f"n{ch.node}", ch.gpus),),
+                                    started_at=t0, last_checkpoint_at=ck))
+        want = cl.to_state(mine, (ModelWorkload("job-99", request_of(head), WorkloadState.PENDING,
+                                                submitted_at=now - 10.0),), now=now, name="dynamic")
+        assert got.workloads == want.workloads, step
+        for attr in ("free_milli", "cpu_free", "mem_free", "running_rows"):
+            np.testing.assert_array_equal(getattr(got, attr), getattr(want, attr), err_msg=f"{step} {attr}")
+        np.testing.assert_array_equal(got.may_move(decider.options.movable), want.may_move(opts.movable))
+    assert moved > 10 and ended > 10
 
 
 def test_decider_after_no_plan_asks_again_only_when_room_came_back():

@@ -7,11 +7,13 @@ The engines (Slurm, Kubernetes, the simulator) and the snapshot loader produce t
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
+from itertools import compress, repeat
 from types import MappingProxyType
 
 import numpy as np
@@ -263,20 +265,56 @@ class ModelError(ValueError):
         self.message = message
 
 
-def _state_arrays(nodes: Sequence[Node], used: np.ndarray, cpu_used: np.ndarray,
+@dataclass(frozen=True)
+class _NodeArrays:
+    """What a state reads of each of its nodes, as read-only arrays, and the name index."""
+
+    gpu_count: np.ndarray
+    usable: np.ndarray
+    cpu: np.ndarray
+    mem: np.ndarray
+    mig: np.ndarray
+    schedulable: np.ndarray
+    index: Mapping[str, int]
+
+
+_STATE_OF = operator.attrgetter("state")
+_ID_OF = operator.attrgetter("id")
+_last_nodes: list[tuple[tuple[Node, ...], _NodeArrays]] = []  # the one tuple of nodes `_node_arrays` keeps
+
+
+def _node_arrays(nodes: tuple[Node, ...]) -> _NodeArrays:
+    """The `_NodeArrays` of a tuple of nodes, kept for the last tuple asked about (the tuple is immutable, its
+    nodes frozen). States made one after another on one tuple of nodes share them: a replay in time builds a
+    state per decision (`Cluster.to_state` hands each the same tuple), and walking 1,200 nodes' fields anew for
+    each was a tenth of the decision."""
+    last = _last_nodes[-1] if _last_nodes else None  # one read: another thread may replace it meanwhile
+    if last is not None and last[0] is nodes:
+        return last[1]
+    n = len(nodes)
+    cols = [np.fromiter((getattr(nd, a) for nd in nodes), dtype=t, count=n) for a, t in (
+        ("gpu_count", np.int32), ("usable_gpus", np.int32), ("cpu_milli", np.int64), ("memory_mib", np.int64),
+        ("has_mig", bool), ("schedulable", bool))]
+    for a in cols:
+        a.flags.writeable = False
+    got = _NodeArrays(*cols, MappingProxyType({nd.name: i for i, nd in enumerate(nodes)}))
+    if isinstance(nodes, tuple):  # (a list could change under the cache)
+        _last_nodes[:] = [(nodes, got)]
+    return got
+
+
+def _state_arrays(nodes: tuple[Node, ...], used: np.ndarray, cpu_used: np.ndarray,
                   mem_used: np.ndarray) -> dict[str, np.ndarray]:
     """A state's arrays from what its running workloads use (`used`: nodes × GPUs milli-GPU; CPU and memory per
     node): free share per GPU (-1 where the GPU does not exist or is unusable), free CPU and memory (a huge number
     where the node does not track it). The one rule of `ClusterState.build` and `ClusterState.from_totals`."""
-    n, g = used.shape
-    counts = np.fromiter((nd.gpu_count for nd in nodes), dtype=np.int32, count=n)
-    usable = np.fromiter((nd.usable_gpus for nd in nodes), dtype=np.int32, count=n)
+    g = used.shape[1]
+    of = _node_arrays(nodes)
+    usable, cpu, mem = of.usable, of.cpu, of.mem
     cols = np.arange(g, dtype=np.int32)[None, :]
     free = np.where(cols < usable[:, None], MILLI - used, -1).astype(np.int32)
-    cpu = np.fromiter((nd.cpu_milli for nd in nodes), dtype=np.int64, count=n)
-    mem = np.fromiter((nd.memory_mib for nd in nodes), dtype=np.int64, count=n)
     return {
-        "gpu_count": counts,
+        "gpu_count": of.gpu_count,
         "usable": usable,
         "used": used,
         "free": free,
@@ -319,6 +357,7 @@ class ClusterState:
         now: float = 0.0,
         name: str = "cluster",
         running_rows: np.ndarray | None = None,
+        verdicts: tuple[Callable[[Workload], bool], np.ndarray] | None = None,
     ) -> ClusterState:
         """A state whose caller already holds what its running workloads use per GPU and per node (`used`: nodes
         × GPUs milli-GPU, `cpu_used`, `mem_used`), as the simulator's capacity arrays do (`Cluster.to_state`,
@@ -327,9 +366,11 @@ class ClusterState:
         totals allow: unique non-empty ids, no GPU over 1000 milli, no CPU or memory over a node's capacity. The
         caller guarantees that the totals are its workloads' sums (tests/sim/test_dynamic.py compares the two).
         `running_rows`: `workload_row` of each running workload in order, when the caller keeps them (the
-        replay's workloads change little between decisions)."""
+        replay's workloads change little between decisions). `verdicts`: a filter and its verdict on each running
+        workload in order, when the caller keeps them too (a verdict stays while the workload object does): then
+        `may_move(filter)` combines them with the flags instead of asking the filter of every workload again."""
         state = ClusterState(nodes=tuple(nodes), workloads=tuple(workloads), now=now, name=name)
-        ids = [w.id for w in state.workloads]
+        ids = list(map(_ID_OF, state.workloads))
         if len(set(ids)) != len(ids) or not all(ids):
             state._validate_exactly()  # names the duplicate or empty id
         arrays = _state_arrays(state.nodes, np.asarray(used, dtype=np.int32), np.asarray(cpu_used, dtype=np.int64),
@@ -344,6 +385,11 @@ class ClusterState:
                 raise ModelError("running_rows", f"{running_rows.shape} rows for {len(state.running)} running "
                                  "workloads")
             state.__dict__["running_rows"] = running_rows
+        if verdicts is not None:
+            movable, said = verdicts
+            if said.shape != (len(state.running),):
+                raise ModelError("verdicts", f"{said.shape} verdicts for {len(state.running)} running workloads")
+            state.memo[("may_move", movable)] = state.may_move() & said.astype(bool)
         return state
 
     @staticmethod
@@ -373,7 +419,7 @@ class ClusterState:
     # ---------------------------------------------------------------- indexes
     @cached_property
     def node_index(self) -> Mapping[str, int]:
-        return MappingProxyType({n.name: i for i, n in enumerate(self.nodes)})
+        return _node_arrays(self.nodes).index
 
     @cached_property
     def workload_index(self) -> Mapping[str, int]:
@@ -387,7 +433,9 @@ class ClusterState:
 
     @cached_property
     def running(self) -> tuple[Workload, ...]:
-        return tuple(w for w in self.workloads if w.is_running)
+        # `is_running` for every workload, at C speed (a replay builds a state of 4,000 jobs per decision)
+        ws = self.workloads
+        return tuple(compress(ws, map(operator.is_, map(_STATE_OF, ws), repeat(WorkloadState.RUNNING))))
 
     @cached_property
     def pending(self) -> tuple[Workload, ...]:
@@ -413,7 +461,8 @@ class ClusterState:
     # ---------------------------------------------------------------- arrays
     @cached_property
     def max_gpus(self) -> int:
-        return max((n.gpu_count for n in self.nodes), default=0)
+        counts = _node_arrays(self.nodes).gpu_count
+        return int(counts.max()) if len(counts) else 0
 
     @cached_property
     def _arrays(self) -> dict[str, np.ndarray]:
@@ -539,11 +588,11 @@ class ClusterState:
 
     @cached_property
     def mig_mask(self) -> np.ndarray:
-        return np.fromiter((nd.has_mig for nd in self.nodes), dtype=bool, count=len(self.nodes))
+        return _node_arrays(self.nodes).mig
 
     @cached_property
     def schedulable_mask(self) -> np.ndarray:
-        return np.fromiter((nd.schedulable for nd in self.nodes), dtype=bool, count=len(self.nodes))
+        return _node_arrays(self.nodes).schedulable
 
     def free_gpus_on(self, node: str) -> list[int]:
         """Indices of the wholly free GPUs on a node."""

@@ -9,6 +9,7 @@ workloads a solver actually looks at.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 import numpy as np
 
@@ -74,11 +75,9 @@ class Problem:
         # one pass over the workloads per state, shared with the diagnosis (the planner's only O(jobs) loop)
         ints = state.running_rows
         self.src, self.gpus, self.gpu0, self.milli, self.cpu, self.mem = (ints[:, k].copy() for k in range(6))
-        floats = np.array(
-            [(w.checkpoint_bytes, np.nan if w.last_checkpoint_at is None else w.last_checkpoint_at) for w in ws],
-            dtype=np.float64,
-        ).reshape(n, 2)
-        ckpt, last = floats[:, 0].copy(), floats[:, 1].copy()
+        # checkpoint size and last checkpoint (None: NaN) of each, read at C speed (4,000 jobs per replay decision)
+        ckpt = np.fromiter(map(attrgetter("checkpoint_bytes"), ws), dtype=np.float64, count=n)
+        last = np.array(list(map(attrgetter("last_checkpoint_at"), ws)), dtype=np.float64).reshape(n)
         self.gpu_eq = self.gpus * np.minimum(self.milli, MILLI) / MILLI
         self.score = self.cm.score_vector(ckpt, self.now - last, self.gpu_eq, fresh_checkpoint=options.fresh_checkpoint)
         # the same with the fastest link anywhere: never above a move's real score (for lower bounds)

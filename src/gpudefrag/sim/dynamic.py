@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -171,6 +171,7 @@ class _Sim:
     queue: list[int] = field(default_factory=list)
     runs: dict[int, _Run] = field(default_factory=dict)
     by_pid: dict[int, int] = field(default_factory=dict)
+    started: dict[int, float] = field(default_factory=dict)  # pid -> when it started (the decision's input)
     times: list[float] = field(default_factory=list)
     util: list[float] = field(default_factory=list)
     stranded: list[float] = field(default_factory=list)
@@ -235,6 +236,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
             cl.place(r.job.pod, choice)
         r.pid = placed.add(r.job.pod, choice)
         sim.by_pid[r.pid] = jid
+        sim.started[r.pid] = sim.now
         r.waited += sim.now - r.queued_at
         if np.isnan(r.first_start):
             r.first_start = sim.now
@@ -277,8 +279,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         head = sim.runs[jid]
         if not decider.wants(jid, sim.now, sim.version, sim.freed):
             return
-        started = {pid: sim.runs[j].started for pid, j in sim.by_pid.items()}
-        choice = decider.rescue(jid, head.job.pod, head.queued_at, started, sim.now, sim.version, sim.freed)
+        choice = decider.rescue(jid, head.job.pod, head.queued_at, sim.started, sim.now, sim.version, sim.freed)
         if choice is None:
             return
         sim.freed += 1
@@ -295,6 +296,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
     def evicted(pid: int) -> _Run:
         """A pod evicted without an application checkpoint: its elapsed work is lost, it starts over."""
         vid = sim.by_pid.pop(pid)
+        sim.started.pop(pid)
         v = sim.runs[vid]
         sim.lost_gpu_s += (sim.now - v.started) * v.job.gpu_equiv
         v.remaining = v.job.duration  # no application checkpoint: restart from zero
@@ -384,6 +386,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
             pod, ch = placed.drop(r.pid)
             cl.remove(pod, ch)
             sim.by_pid.pop(r.pid, None)
+            sim.started.pop(r.pid, None)
             sim.version += 1
             sim.freed += 1
             r.done = True
@@ -458,8 +461,19 @@ class Decider:
         self.last_moved: list[tuple[int, Choice, Choice, float, float]] = []  # pid, from, to, downtime, lost (s)
         # the last "do nothing": head job, cluster version, room version, when, and whether no plan was feasible
         self._seen: tuple[int, int, int | None, float, bool] | None = None
-        # pid -> (choice, start, heartbeat, workload, its `workload_row`)
-        self._running: dict[int, tuple[Choice, float, float | None, PlannedWorkload, tuple[int, ...]]] = {}
+        # per pod id, what the decision's input holds of each placed job, kept between decisions (the jobs change
+        # little from one to the next, so only those `Placed.stamps` says were placed, moved or dropped since,
+        # and those whose heartbeat may have passed, are made again): whether it is placed, the stamp seen, its
+        # start, when its last heartbeat may change next, its workload, `workload_row`, GPUs (-1 padded) and the
+        # filter's verdict on that workload
+        self._on = np.zeros(0, dtype=bool)
+        self._stamp = np.zeros(0, dtype=np.int64)
+        self._t0 = np.zeros(0)
+        self._due = np.zeros(0)
+        self._ws = np.empty(0, dtype=object)
+        self._rows = np.zeros((0, 9), dtype=np.int64)
+        self._gpus = np.zeros((0, cl.free.shape[1]), dtype=np.int64)
+        self._ok = np.zeros(0, dtype=bool)
         # the filter's verdict per workload object (id -> (object, verdict)): `state` hands every decision the
         # same object for a placed job until its placement, start or heartbeat changes, and a workload is frozen,
         # so the filter is asked once per object, not once per object and decision (4,000 jobs x 800 decisions)
@@ -478,33 +492,80 @@ class Decider:
 
         return allowed
 
-    def state(self, jid: int, pod: Pod, queued_at: float, started: dict[int, float],
+    def state(self, jid: int, pod: Pod, queued_at: float, started: Mapping[int, float],
               now: float) -> tuple[ClusterState, PlannedWorkload]:
         """The decision's input: every placed job (`pod-<pid>`, its placement, start and checkpoint size) and
-        the head job (`job-<jid>`, pending since `queued_at`)."""
-        cl, cache = self.cl, self._running
-        running = []
-        rows: list[tuple[int, ...]] = []
-        hb = self.heartbeat_s
-        for pid, (p, ch) in self.placed.pods.items():
-            t0 = started.get(pid, now)
-            ck = t0 + ((now - t0) // hb) * hb if hb and now - t0 >= hb else None  # its last heartbeat
-            hit = cache.get(pid)
-            if hit is None or hit[0] != ch or hit[1] != t0 or hit[2] != ck:
-                w = as_workload(p, checkpoint_bytes(p, cl.models[ch.node]), pid,
-                                placements=(Placement(cl.names[ch.node], ch.gpus),), started_at=t0,
-                                last_checkpoint_at=ck)
-                hit = cache[pid] = (ch, t0, ck, w, workload_row(w, self.node_index))
-            running.append(hit[3])
-            rows.append(hit[4])
-        for pid in [k for k in cache if k not in self.placed.pods]:
-            del cache[pid]
+        the head job (`job-<jid>`, pending since `queued_at`). `started`: each placed job's start (a job keeps
+        its start while it keeps its id)."""
+        placed = self.placed
+        n = placed.next_id
+        self._grow(n)
+        stamps = placed.stamps()
+        for pid in np.flatnonzero(stamps != self._stamp[:n]).tolist():
+            self._stamp[pid] = stamps[pid]
+            self._on[pid] = pid in placed.pods
+            self._ws[pid] = None
+            if self._on[pid]:
+                self._t0[pid] = started.get(pid, now)
+                self._job(pid, now)
+        if self.heartbeat_s:  # the jobs whose last heartbeat may have moved on since it was taken
+            for pid in np.flatnonzero(self._on[:n] & (self._due[:n] <= now)).tolist():
+                self._job(pid, now)
+        alive = np.flatnonzero(self._on[:n])  # ascending ids: the order of `placed.pods`
+        running = self._ws[alive].tolist()
         if len(self._verdicts) > 2 * len(running) + 1000:  # forget the objects no placed job uses any more
             live = {id(w) for w in running}
             for k in [k for k in self._verdicts if k not in live]:
                 del self._verdicts[k]
         head = PlannedWorkload(f"job-{jid}", request_of(pod), WorkloadState.PENDING, submitted_at=queued_at)
-        return cl.to_state(running, (head,), now=now, name="dynamic", known_rows=rows), head
+        movable = self.options.movable
+        return self.cl.to_state(running, (head,), now=now, name="dynamic", known_rows=self._rows[alive],
+                                known_gpus=self._gpus[alive],
+                                known_verdicts=None if movable is None else (movable, self._ok[alive])), head
+
+    def _job(self, pid: int, now: float) -> None:
+        """Make placed job `pid`'s workload (again, when new, moved or its last heartbeat changed)."""
+        cl, hb = self.cl, self.heartbeat_s
+        p, ch = self.placed.pods[pid]
+        t0 = float(self._t0[pid])
+        ck = t0 + ((now - t0) // hb) * hb if hb and now - t0 >= hb else None  # its last heartbeat
+        w = self._ws[pid]
+        if w is not None and w.last_checkpoint_at == ck:
+            self._due[pid] = self._next_heartbeat(t0, ck)
+            return
+        w = as_workload(p, checkpoint_bytes(p, cl.models[ch.node]), pid,
+                        placements=(Placement(cl.names[ch.node], ch.gpus),), started_at=t0, last_checkpoint_at=ck)
+        self._ws[pid] = w
+        self._rows[pid] = workload_row(w, self.node_index)
+        self._gpus[pid] = -1
+        self._gpus[pid, : len(ch.gpus)] = ch.gpus
+        movable = self.options.movable
+        self._ok[pid] = w.can_move and (movable is None or bool(movable(w)))
+        self._due[pid] = self._next_heartbeat(t0, ck)
+
+    def _next_heartbeat(self, t0: float, ck: float | None) -> float:
+        """A time no later than the job's next heartbeat after `ck` (its last, None: none yet): until then its
+        last heartbeat cannot change, so `state` need not look at it (the margin absorbs rounding)."""
+        hb = self.heartbeat_s
+        if not hb:
+            return np.inf
+        nxt = (t0 if ck is None else ck) + hb
+        return nxt - 1e-6 * (hb + abs(nxt))
+
+    def _grow(self, n: int) -> None:
+        """Room in the per-pod arrays for pod ids below `n`."""
+        have = len(self._on)
+        if n <= have:
+            return
+        more = max(1024, 2 * have, n) - have
+        self._on = np.concatenate([self._on, np.zeros(more, dtype=bool)])
+        self._stamp = np.concatenate([self._stamp, np.zeros(more, dtype=np.int64)])
+        self._t0 = np.concatenate([self._t0, np.zeros(more)])
+        self._due = np.concatenate([self._due, np.full(more, np.inf)])
+        self._ws = np.concatenate([self._ws, np.full(more, None, dtype=object)])
+        self._rows = np.concatenate([self._rows, np.zeros((more, 9), dtype=np.int64)])
+        self._gpus = np.concatenate([self._gpus, np.full((more, self._gpus.shape[1]), -1, dtype=np.int64)])
+        self._ok = np.concatenate([self._ok, np.zeros(more, dtype=bool)])
 
     def wants(self, jid: int, now: float, version: int, freed: int | None = None) -> bool:
         """Whether the decision is to be asked again for the head job `jid`: not when it last said "do nothing"
@@ -520,7 +581,7 @@ class Decider:
             return False
         return not (seen[4] and freed is not None and seen[2] == freed)
 
-    def rescue(self, jid: int, pod: Pod, queued_at: float, started: dict[int, float], now: float,
+    def rescue(self, jid: int, pod: Pod, queued_at: float, started: Mapping[int, float], now: float,
                version: int, freed: int | None = None) -> Choice | None:
         """Ask the decision for the head job (when `wants` says so); apply a chosen, feasible move plan and return
         where the head job lands (placed already), else None with nothing changed."""
