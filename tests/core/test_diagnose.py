@@ -140,6 +140,53 @@ def test_request_larger_than_any_node_of_the_allowed_model():
     assert d.primary.evidence["largest_node_gpus"] == 4 and d.primary.evidence["largest_node_any_model"] == 8
 
 
+def test_request_larger_than_any_node_by_its_cpu_or_memory():
+    """A request whose GPUs exist but whose CPU (or memory) no node with enough GPUs has, even empty: ordinary
+    and impossible — whether its GPUs are free now (it was cpu-or-memory) or scattered (it was fragmentation,
+    and the planner searched for moves that could never start it)."""
+    nodes = [node("a", cpu_milli=96000, memory_mib=393216), node("b", cpu_milli=96000, memory_mib=393216),
+             node("c", gpus=2, cpu_milli=256000, memory_mib=2_000_000)]
+    for placed in ([], [job("x", 4, "a"), job("y", 4, "b")]):  # GPUs free now / scattered
+        s = build(nodes, [*placed, job("big", 8, cpu_milli=120000, memory_mib=737280)])
+        got, d = codes(s)
+        assert got == (C.REQUEST_TOO_LARGE,), (placed, got)
+        assert d.blocking and not d.is_fragmentation
+        assert d.primary.evidence["lacking"] == ["CPU", "memory"]
+        assert d.primary.evidence["largest_node_cpu_milli"] == 96000
+        assert "even with nothing running" in d.primary.summary
+    # memory alone; a node that does not track memory never lacks it
+    s = build(nodes, [job("big", 8, cpu_milli=8000, memory_mib=500_000)])
+    assert codes(s)[0] == (C.REQUEST_TOO_LARGE,) and codes(s)[1].primary.evidence["lacking"] == ["memory"]
+    s = build([*nodes[:2], node("d", cpu_milli=128000)], [job("big", 8, cpu_milli=120000, memory_mib=737280)])
+    assert codes(s)[0] == (C.FITS_NOW,)
+    # a multi-node request needs the room on as many nodes
+    s = build([node("a", cpu_milli=96000), node("b", cpu_milli=16000)], [job("big", 8, cpu_milli=32000,
+                                                                              node_count=2)])
+    got, d = codes(s)
+    assert got == (C.REQUEST_TOO_LARGE,) and "only 1 such node(s) have" in d.primary.summary
+
+
+@settings(max_examples=150, deadline=None)
+@given(cpus=st.lists(st.sampled_from([0, 16000, 64000, 96000]), min_size=1, max_size=6),
+       gpus=st.lists(st.sampled_from([2, 4, 8]), min_size=6, max_size=6),
+       want_gpus=st.sampled_from([1, 2, 4, 8]), want_cpu=st.sampled_from([1000, 32000, 80000, 120000]),
+       busy=st.booleans())
+def test_too_large_by_cpu_exactly_when_no_big_enough_node_has_the_cpu(cpus, gpus, want_gpus, want_cpu, busy):
+    """The diagnosis says request-too-large for CPU exactly when no node with enough GPUs has, built, the CPU
+    the request asks for (0 = not tracked: never lacking); jobs running on the nodes change nothing."""
+    nodes = [node(f"n{i}", gpus=gpus[i], cpu_milli=c) for i, c in enumerate(cpus)]
+    placed = [job(f"x{i}", 1, f"n{i}", cpu_milli=min(c, 1000)) for i, c in enumerate(cpus)] if busy else []
+    s = build(nodes, [*placed, job("big", want_gpus, cpu_milli=want_cpu)])
+    got, d = codes(s)
+    big_enough = [c for i, c in enumerate(cpus) if gpus[i] >= want_gpus]
+    if not big_enough:  # too large by its GPUs
+        assert got == (C.REQUEST_TOO_LARGE,) and "largest_node_gpus" in d.primary.evidence
+        return
+    expect = all(0 < c < want_cpu for c in big_enough)
+    assert (got == (C.REQUEST_TOO_LARGE,)) is expect, got
+    assert (C.REQUEST_TOO_LARGE not in got) or d.primary.evidence["lacking"] == ["CPU"]
+
+
 def test_no_node_of_the_gpu_model():
     s = build([node("a", gpu_model="H100")], [job("big", 1, gpu_models=["A100"])])
     got, d = codes(s)

@@ -106,6 +106,24 @@ def test_migrate_applies_exactly_the_plan_of_the_one_decision():
     assert r.end[2] == pytest.approx(1.0 + 10_000.0 + dec.plan.moves[0].cost.downtime_s)
 
 
+def test_a_pod_no_node_could_ever_hold_does_not_block_the_queue_head():
+    """E (2 GPUs and 100 cores, on nodes of 64) arrives before C: it never starts, and it never becomes the head
+    pod that every arm acts for — C is moved for as in the scenario without E (at 300 s, one move), and the
+    decision is not asked for E at every check until the replay ends (a gpuspec list asked it 213,323 times)."""
+    wl, cl = _scenario()
+    e_id, c_id = 3, 4  # E arrives before C
+    with_e = Workload(wl.spec, (*wl.jobs[:3], Job(e_id, Pod(2, 1000, 100_000, 2048), 150.0, 1_000.0),
+                                dataclasses.replace(wl.jobs[3], id=c_id)))
+    cfg = DynamicConfig(policy="firstfit", defrag="migrate", trigger_s=60, check_every_s=60)
+    r = simulate(with_e, cfg, cl)
+    base = simulate(wl, cfg, cl)
+    assert np.isnan(r.first_start[e_id]) and np.isnan(r.waited[e_id])
+    assert r.moves == base.moves == 1 and r.start[c_id] == base.start[3] == 300.0
+    assert r.decisions == base.decisions
+    evict = simulate(with_e, dataclasses.replace(cfg, defrag="evict"), cl)
+    assert evict.start[c_id] == 300.0 and evict.evictions >= 1
+
+
 def test_migrate_does_nothing_when_the_decision_prefers_eviction():
     wl, cl = _scenario(a_mib=200 * GIB_MIB, d_mib=200 * GIB_MIB)
     cfg = DynamicConfig(policy="firstfit", defrag="migrate", trigger_s=60, check_every_s=60)

@@ -365,14 +365,42 @@ def _model_or_size(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
             {"gpus_per_node": r.gpus_per_node, "largest_node_gpus": largest_model,
              "largest_node_any_model": largest_any},
         ),)
-    enough = int((f.model_nodes & (counts >= r.gpus_per_node)).sum())
+    big = f.model_nodes & (counts >= r.gpus_per_node)
+    enough = int(big.sum())
     if r.node_count > enough:
         return (Cause(
             CauseCode.REQUEST_TOO_LARGE,
             f"the request needs {r.node_count} nodes with {r.gpus_per_node} GPUs each; the cluster has {enough}",
             {"node_count": r.node_count, "nodes_big_enough": enough},
         ),)
-    return ()
+    if r.gpus_per_node == 0:
+        return ()
+    # the GPUs exist, but does any node with enough of them have the CPU and memory the request asks for, with
+    # nothing running on it? If not, no move and no wait ever starts it: a request larger than any node.
+    cap_cpu, cap_mem = f.state.cpu_capacity, f.state.mem_capacity
+    roomy = big & room_fits(cap_cpu, cap_mem, Shape(0, cpu_milli=r.cpu_milli, memory_mib=r.memory_mib))
+    if int(roomy.sum()) >= r.node_count:
+        return ()
+    lacking = [what for what, shape in _per_resource(r) if int((big & room_fits(cap_cpu, cap_mem, shape)).sum())
+               < r.node_count] or ["CPU and memory together"]
+    where = f" of model {'/'.join(r.gpu_models)}" if r.gpu_models else ""
+    largest_cpu, largest_mem = int(cap_cpu[big].max()), int(cap_mem[big].max())
+    return (Cause(
+        CauseCode.REQUEST_TOO_LARGE,
+        f"the request needs {r.cpu_milli / 1000:g} cores and {r.memory_mib} MiB on a node with {r.gpus_per_node} "
+        f"GPU(s){where}{'' if r.node_count == 1 else f' on each of {r.node_count} nodes'}, but "
+        f"{'no such node has' if not roomy.any() else f'only {int(roomy.sum())} such node(s) have'} that much "
+        f"{' and '.join(lacking)} even with nothing running (the largest: "
+        f"{_amount(largest_cpu, 1000, 'cores')}, {_amount(largest_mem, 1, 'MiB')})",
+        {"cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib, "lacking": lacking,
+         "largest_node_cpu_milli": largest_cpu if largest_cpu < NOT_TRACKED else None,
+         "largest_node_memory_mib": largest_mem if largest_mem < NOT_TRACKED else None},
+    ),)
+
+
+def _amount(x: int, unit: int, name: str) -> str:
+    """A node's capacity in words: 'not tracked' for a node that does not track the resource."""
+    return f"{name} not tracked" if x >= NOT_TRACKED else f"{x / unit:g} {name}"
 
 
 @cause_check(CauseCode.MIG_PROFILE_UNAVAILABLE)
@@ -515,7 +543,7 @@ def _short_in_total(state: ClusterState, r: Request) -> list[str]:
 
 
 @cause_check(CauseCode.CPU_OR_MEMORY)
-def _cpu_memory(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
+def _cpu_memory(f: Facts, found: list[Cause]) -> Iterable[Cause]:
     """The GPUs are free on enough nodes, but those nodes lack the CPU or memory the request also asks for.
     Moving running jobs is the answer (fragmentation of CPU and memory, not an ordinary cause) when the jobs
     the planner may move would, by leaving, make room on enough nodes — the clearing count the GPU
@@ -525,7 +553,7 @@ def _cpu_memory(f: Facts, _found: list[Cause]) -> Iterable[Cause]:
     of CPU or memory, however the jobs are spread."""
     r, state = f.r, f.state
     n_fit = int(f.fits.sum())
-    if f.is_mig or not _gpu_only(f) or n_fit >= r.node_count:
+    if f.is_mig or not _gpu_only(f) or n_fit >= r.node_count or any(c.code in IMPOSSIBLE for c in found):
         return ()
     gpus_free = f.gpus_free
     lacking = [what for what, shape in _per_resource(r)

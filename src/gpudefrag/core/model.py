@@ -541,6 +541,19 @@ class ClusterState:
     def mem_free(self) -> np.ndarray:
         return self._arrays["mem_free"]
 
+    @property
+    def cpu_capacity(self) -> np.ndarray:
+        """CPU milli-cores per node as built, with nothing running (a huge number where the node does not track
+        CPU, as in `cpu_free`): what a request must fit in on an empty node."""
+        cpu = _node_arrays(self.nodes).cpu
+        return np.where(cpu > 0, cpu, np.iinfo(np.int64).max // 4)
+
+    @property
+    def mem_capacity(self) -> np.ndarray:
+        """Memory MiB per node as built (huge where not tracked); see `cpu_capacity`."""
+        mem = _node_arrays(self.nodes).mem
+        return np.where(mem > 0, mem, np.iinfo(np.int64).max // 4)
+
     def may_move_known(self, movable: Callable[[Workload], bool] | None = None) -> np.ndarray | None:
         """`may_move(movable)` when some caller computed it on this state already, else None (for a caller that
         asks of a few workloads only and would pay for all of them)."""

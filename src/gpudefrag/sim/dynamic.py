@@ -203,6 +203,18 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         cl.mix = mix or synthetic_cluster(wl.spec).mix
     cl.rank = np.random.default_rng(cfg.seed + 7).permutation(cl.n)
     sim = _Sim(cfg, wl, cl, np.random.default_rng(cfg.seed))
+    # The cluster with none of the workload's jobs on it (a snapshot's background stays): a pod that fits no node
+    # of it never starts here, whatever runs or moves (the diagnosis's request-too-large). It never joins the
+    # queue: it would sit at its head forever, and every arm that acts for the head pod (moves, evictions, the
+    # descheduler's passes) would act for it at every check, for the whole replay, and for no other pod.
+    empty = cl.copy()
+    could_start: dict[Pod, bool] = {}
+
+    def ever_fits(pod: Pod) -> bool:
+        got = could_start.get(pod)
+        if got is None:
+            got = could_start[pod] = bool(empty.fits(pod).any())
+        return got
     policy = get_policy("bestfit" if cfg.pooled else cfg.policy)
     placed = Placed.for_cluster(cl)
     defrag = None
@@ -373,6 +385,9 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
             break  # nothing runs, nothing arrives: the queued jobs can never start (too big for this cluster)
         if kind == ARRIVE:
             arrivals_left -= 1
+            if not ever_fits(sim.runs[arg].job.pod):
+                remaining_jobs -= 1  # never starts: its wait runs to the end of the replay
+                continue
             sim.queue.append(arg)
             ch = policy.choose(cl, sim.runs[arg].job.pod, sim.rng)
             if ch is not None:
