@@ -140,9 +140,10 @@ def read_input(path: str | os.PathLike[str], kind: str, *, follow_links: bool = 
             raise too_big
         chunks: list[bytes] = []
         left = limit + 1
+        step = max(8 * MiB, fst.st_size + 1)  # a file that does not grow meanwhile: one read, and no copy to join
         while left > 0:
             try:
-                chunk = os.read(fd, min(left, 8 * MiB))
+                chunk = os.read(fd, min(left, step))
             except OSError as e:
                 raise InputError(src, "", f"cannot read: {e.strerror or e}", problem="unreadable") from None
             if not chunk:

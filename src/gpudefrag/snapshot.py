@@ -258,36 +258,32 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
         for n in snap.nodes
     ]
     by_name = {n.name: n for n in nodes}
-    # GPU indices: explicit ones first, then fill the unassigned placements (first free / best-fit share)
-    used: dict[tuple[str, int], int] = {}
-    for w in snap.workloads:
-        if w.state != "running":
-            continue
-        for p in w.placements:
-            for g in p.gpus or ():
-                used[(p.node, g)] = used.get((p.node, g), 0) + w.gpu_milli
+    # GPU indices: explicit ones first, then fill the unassigned placements (first free / best-fit share). The
+    # explicit ones are counted only when some placement leaves its GPUs out (most snapshots name them all).
+    used: dict[tuple[str, int], int] | None = None
     workloads: list[Workload] = []
     states = {s.value: s for s in WorkloadState}
-    # Requests are frozen values: the workloads of one plain shape (no model list, selector or toleration) share
-    # one, as 50,000 jobs of a snapshot share a few dozen shapes (one object built instead of each).
+    # Requests and versions are frozen values: the workloads of one plain shape (no model list, selector or
+    # toleration) share one Request, and those of one set of versions one Versions, as 50,000 jobs of a snapshot
+    # share a few dozen shapes and versions (one object built instead of each). The snapshot's own (frozen,
+    # hashable) versions object is the key.
     shapes: dict[tuple[object, ...], Request] = {}
+    versions: dict[object, Versions] = {None: _NO_VERSIONS}
     for i, w in enumerate(snap.workloads):
-        placements: list[Placement] = []
-        for j, p in enumerate(w.placements):
-            if p.gpus is not None:
-                placements.append(Placement(p.node, tuple(p.gpus)))
-                continue
-            node = by_name.get(p.node)
-            if node is None:
-                raise InputError(source, f"workloads[{i}].placements[{j}].node", f"unknown node {p.node!r}")
-            gpus = _assign(node, w.gpus_per_node, w.gpu_milli, used)
-            if gpus is None:
-                raise InputError(
-                    source, f"workloads[{i}].placements[{j}]",
-                    f"node {p.node!r} has no room for {w.gpus_per_node} GPU(s) of {w.gpu_milli} milli",
-                )
-            placements.append(Placement(p.node, gpus))
+        ps = w.placements
+        if len(ps) == 1 and ps[0].gpus is not None:  # the common case: one placement, its GPUs named
+            placements: tuple[Placement, ...] = (Placement(ps[0].node, tuple(ps[0].gpus)),)
+        elif ps:
+            if used is None and any(p.gpus is None for p in ps):
+                used = _explicit_gpus(snap)
+            placements = _placements(w, i, by_name, used, source)
+        else:
+            placements = ()
         v = w.versions
+        wv = versions.get(v)
+        if wv is None:
+            wv = versions[v] = Versions(v.gpu_model, v.gpu_count, v.driver, v.cuda, v.engine, v.model, v.cpu_arch,
+                                        v.kernel, v.checkpointer)
         milli = w.gpu_milli if w.gpus_per_node else MILLI
         plain = not (w.gpu_models or w.node_selector or w.tolerations)
         shape = (w.gpus_per_node, w.node_count, milli, w.cpu_milli, w.memory_mib, w.partition, w.mig_profile)
@@ -302,11 +298,8 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
                 shapes[shape] = request
         workloads.append(Workload(
             w.id, request, states[w.state], w.name, w.namespace, w.user, w.priority, dict(w.labels),
-            tuple(placements), w.checkpoint_bytes, w.last_checkpoint_at, w.submitted_at, w.started_at,
-            w.expected_end_at,
-            _NO_VERSIONS if v is None else Versions(v.gpu_model, v.gpu_count, v.driver, v.cuda, v.engine, v.model,
-                                                    v.cpu_arch, v.kernel, v.checkpointer),
-            w.scheduler_reason, w.movable, w.movable_reason or ("" if w.movable else "other")))
+            placements, w.checkpoint_bytes, w.last_checkpoint_at, w.submitted_at, w.started_at,
+            w.expected_end_at, wv, w.scheduler_reason, w.movable, w.movable_reason or ("" if w.movable else "other")))
     try:
         return ClusterState.build(
             nodes,
@@ -320,6 +313,41 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
         )
     except ModelError as e:
         raise InputError(source, e.path, e.message) from None
+
+
+def _placements(w: Any, i: int, by_name: dict[str, Node], used: dict[tuple[str, int], int] | None,
+                source: str) -> tuple[Placement, ...]:
+    """Workload `w`'s placements (the `i`-th workload), assigning GPU indices where the file leaves them out
+    (`used`: what the explicit ones and earlier assignments take; given whenever some GPUs are left out)."""
+    placements: list[Placement] = []
+    for j, p in enumerate(w.placements):
+        if p.gpus is not None:
+            placements.append(Placement(p.node, tuple(p.gpus)))
+            continue
+        node = by_name.get(p.node)
+        if node is None:
+            raise InputError(source, f"workloads[{i}].placements[{j}].node", f"unknown node {p.node!r}")
+        assert used is not None
+        gpus = _assign(node, w.gpus_per_node, w.gpu_milli, used)
+        if gpus is None:
+            raise InputError(
+                source, f"workloads[{i}].placements[{j}]",
+                f"node {p.node!r} has no room for {w.gpus_per_node} GPU(s) of {w.gpu_milli} milli",
+            )
+        placements.append(Placement(p.node, gpus))
+    return tuple(placements)
+
+
+def _explicit_gpus(snap: Snapshot) -> dict[tuple[str, int], int]:
+    """The share (milli) the running workloads' explicit GPU indices take, per (node, GPU)."""
+    used: dict[tuple[str, int], int] = {}
+    for w in snap.workloads:
+        if w.state != "running":
+            continue
+        for p in w.placements:
+            for g in p.gpus or ():
+                used[(p.node, g)] = used.get((p.node, g), 0) + w.gpu_milli
+    return used
 
 
 def _mig_devices(given: dict[str, int]) -> dict[str, int]:
