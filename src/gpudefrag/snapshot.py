@@ -217,6 +217,29 @@ for _cls, _names in _POSITIONAL.items():
 
 # The same format as a msgspec struct (derived, not written twice): the fast path of _load_snapshot.
 _FAST_SNAPSHOT = typed_json.mirror(Snapshot)
+# to_state reads each object of the file as the tuple of its fields (typed_json.reader: the model's defaults in
+# place of what the file left out) and unpacks it by position, or hands it to the model's class of the same
+# field order: checked here, so that a reordered model fails at import, not as swapped values.
+_READ = {m: typed_json.reader(m) for m in (Snapshot, NodeIn, TaintIn, TolerationIn, VersionsIn, PlacementIn,
+                                           WorkloadIn, QuotaIn, NodeGroupIn)}
+_READ_ORDER = {
+    Snapshot: "version name now scheduler nodes workloads quotas node_groups",
+    NodeIn: "name gpus gpu_model gpu_allocatable cpu_milli memory_mib driver_version cuda_version cpu_arch labels "
+            "taints schedulable mig_devices node_group partitions checkpointer_version kernel",
+    TaintIn: "key value effect",
+    PlacementIn: "node gpus",
+    WorkloadIn: "id name state gpus_per_node node_count gpu_milli cpu_milli memory_mib gpu_models node_selector "
+                "tolerations partition mig_profile namespace user priority labels placements checkpoint_bytes "
+                "last_checkpoint_at submitted_at started_at expected_end_at versions scheduler_reason movable "
+                "movable_reason",
+    VersionsIn: " ".join(f.name for f in dataclasses.fields(Versions)),
+    TolerationIn: " ".join(f.name for f in dataclasses.fields(Toleration)),
+    QuotaIn: " ".join(f.name for f in dataclasses.fields(Quota)),
+    NodeGroupIn: " ".join(f.name for f in dataclasses.fields(NodeGroup)),
+}
+for _model, _names in _READ_ORDER.items():
+    if list(_model.model_fields) != _names.split():
+        raise ImportError(f"snapshot.to_state reads {_model.__name__} by position; its fields changed: update both")
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -243,20 +266,24 @@ def _validation_error(e: ValidationError, source: str) -> InputError:
 
 
 def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
-    """Convert a validated snapshot to a ClusterState, assigning GPU indices where the file leaves them out."""
-    for field in ("now",):
-        if not math.isfinite(getattr(snap, field)):
-            raise InputError(source, field, "must be a finite number")
+    """Convert a validated snapshot to a ClusterState, assigning GPU indices where the file leaves them out.
+    `snap` is the pydantic model or its msgspec mirror (typed_json), whose fields the file left out are ABSENT:
+    each object is read through `typed_json.reader`, which puts the model's defaults in their place."""
+    _, name, now, scheduler, node_docs, workload_docs, quota_docs, group_docs = _READ[Snapshot](snap)
+    if not math.isfinite(now):
+        raise InputError(source, "now", "must be a finite number")
     # Positional construction (field order of core.model's dataclasses): keyword parsing of 18 arguments was a
     # third of the time of a 10,000-node snapshot's conversion.
-    nodes = [
-        Node(n.name, n.gpus, n.gpu_model, n.gpu_allocatable, n.cpu_milli, n.memory_mib, n.driver_version,
-             n.cuda_version, n.cpu_arch, dict(n.labels),
-             tuple(Taint(t.key, t.value, TaintEffect(t.effect)) for t in n.taints) if n.taints else (),
-             n.schedulable, _mig_devices(n.mig_devices) if n.mig_devices else {}, n.node_group,
-             tuple(n.partitions), n.checkpointer_version, n.kernel)
-        for n in snap.nodes
-    ]
+    read_node, read_taint = _READ[NodeIn], _READ[TaintIn]
+    nodes: list[Node] = []
+    for n in node_docs:
+        (node_name, gpus, gpu_model, gpu_allocatable, cpu_milli, memory_mib, driver_version, cuda_version, cpu_arch,
+         labels, taints, schedulable, mig_devices, node_group, partitions, checkpointer_version, kernel) = read_node(n)
+        nodes.append(Node(
+            node_name, gpus, gpu_model, gpu_allocatable, cpu_milli, memory_mib, driver_version, cuda_version, cpu_arch,
+            dict(labels), tuple(Taint(k, v, TaintEffect(e)) for k, v, e in map(read_taint, taints)) if taints else (),
+            schedulable, _mig_devices(mig_devices) if mig_devices else {}, node_group, tuple(partitions),
+            checkpointer_version, kernel))
     by_name = {n.name: n for n in nodes}
     # GPU indices: explicit ones first, then fill the unassigned placements (first free / best-fit share). The
     # explicit ones are counted only when some placement leaves its GPUs out (most snapshots name them all).
@@ -269,84 +296,89 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
     # hashable) versions object is the key.
     shapes: dict[tuple[object, ...], Request] = {}
     versions: dict[object, Versions] = {None: _NO_VERSIONS}
-    for i, w in enumerate(snap.workloads):
-        ps = w.placements
-        if len(ps) == 1 and ps[0].gpus is not None:  # the common case: one placement, its GPUs named
-            placements: tuple[Placement, ...] = (Placement(ps[0].node, tuple(ps[0].gpus)),)
-        elif ps:
-            if used is None and any(p.gpus is None for p in ps):
-                used = _explicit_gpus(snap)
-            placements = _placements(w, i, by_name, used, source)
+    read_workload, read_placement = _READ[WorkloadIn], _READ[PlacementIn]
+    read_versions, read_toleration = _READ[VersionsIn], _READ[TolerationIn]
+    absent = typed_json.ABSENT
+    for i, w in enumerate(workload_docs):
+        (wid, wname, state, gpus_per_node, node_count, gpu_milli, cpu_milli, memory_mib, gpu_models, node_selector,
+         tolerations, partition, mig, namespace, user, priority, labels, placement_docs, checkpoint_bytes,
+         last_checkpoint_at, submitted_at, started_at, expected_end_at, v, scheduler_reason, movable,
+         movable_reason) = read_workload(w)
+        first = placement_docs[0].gpus if len(placement_docs) == 1 else None
+        if first is not None and first is not absent:  # the common case: one placement, its GPUs named
+            placements: tuple[Placement, ...] = (Placement(placement_docs[0].node, tuple(first)),)
+        elif placement_docs:
+            where = list(map(read_placement, placement_docs))
+            if used is None and any(g is None for _, g in where):
+                used = _explicit_gpus(workload_docs)
+            placements = _placements(where, i, gpus_per_node, gpu_milli, by_name, used, source)
         else:
             placements = ()
-        v = w.versions
         wv = versions.get(v)
         if wv is None:
-            wv = versions[v] = Versions(v.gpu_model, v.gpu_count, v.driver, v.cuda, v.engine, v.model, v.cpu_arch,
-                                        v.kernel, v.checkpointer)
-        milli = w.gpu_milli if w.gpus_per_node else MILLI
-        plain = not (w.gpu_models or w.node_selector or w.tolerations)
-        shape = (w.gpus_per_node, w.node_count, milli, w.cpu_milli, w.memory_mib, w.partition, w.mig_profile)
+            wv = versions[v] = Versions(*read_versions(v))
+        milli = gpu_milli if gpus_per_node else MILLI
+        plain = not (gpu_models or node_selector or tolerations)
+        shape = (gpus_per_node, node_count, milli, cpu_milli, memory_mib, partition, mig)
         request = shapes.get(shape) if plain else None
         if request is None:
             request = Request(
-                w.gpus_per_node, w.node_count, milli, w.cpu_milli, w.memory_mib, tuple(w.gpu_models),
-                dict(w.node_selector),
-                tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in w.tolerations) if w.tolerations
-                else (), w.partition, None if w.mig_profile is None else mig_profile(w.mig_profile))
+                gpus_per_node, node_count, milli, cpu_milli, memory_mib, tuple(gpu_models), dict(node_selector),
+                tuple(Toleration(*read_toleration(t)) for t in tolerations) if tolerations else (), partition,
+                None if mig is None else mig_profile(mig))
             if plain:
                 shapes[shape] = request
         workloads.append(Workload(
-            w.id, request, states[w.state], w.name, w.namespace, w.user, w.priority, dict(w.labels),
-            placements, w.checkpoint_bytes, w.last_checkpoint_at, w.submitted_at, w.started_at,
-            w.expected_end_at, wv, w.scheduler_reason, w.movable, w.movable_reason or ("" if w.movable else "other")))
+            wid, request, states[state], wname, namespace, user, priority, dict(labels), placements, checkpoint_bytes,
+            last_checkpoint_at, submitted_at, started_at, expected_end_at, wv, scheduler_reason, movable,
+            movable_reason or ("" if movable else "other")))
     try:
         return ClusterState.build(
             nodes,
             workloads,
-            quotas=[Quota(q.namespace, q.gpu_limit, q.gpu_used, q.charged_at) for q in snap.quotas],
-            node_groups=[NodeGroup(g.name, g.current, g.maximum, g.gpu_model, g.gpus_per_node)
-                         for g in snap.node_groups],
-            now=snap.now,
-            name=snap.name,
-            scheduler=snap.scheduler,
+            quotas=[Quota(*_READ[QuotaIn](q)) for q in quota_docs],
+            node_groups=[NodeGroup(*_READ[NodeGroupIn](g)) for g in group_docs],
+            now=now,
+            name=name,
+            scheduler=scheduler,
         )
     except ModelError as e:
         raise InputError(source, e.path, e.message) from None
 
 
-def _placements(w: Any, i: int, by_name: dict[str, Node], used: dict[tuple[str, int], int] | None,
-                source: str) -> tuple[Placement, ...]:
-    """Workload `w`'s placements (the `i`-th workload), assigning GPU indices where the file leaves them out
-    (`used`: what the explicit ones and earlier assignments take; given whenever some GPUs are left out)."""
+def _placements(where: list[tuple[str, list[int] | None]], i: int, k: int, milli: int, by_name: dict[str, Node],
+                used: dict[tuple[str, int], int] | None, source: str) -> tuple[Placement, ...]:
+    """The `i`-th workload's placements (`where`: node and GPUs of each), assigning GPU indices where the file
+    leaves them out (`used`: what the explicit ones and earlier assignments take; given whenever some GPUs are
+    left out; `k` GPUs per node of `milli` each)."""
     placements: list[Placement] = []
-    for j, p in enumerate(w.placements):
-        if p.gpus is not None:
-            placements.append(Placement(p.node, tuple(p.gpus)))
+    for j, (node_name, gpus) in enumerate(where):
+        if gpus is not None:
+            placements.append(Placement(node_name, tuple(gpus)))
             continue
-        node = by_name.get(p.node)
+        node = by_name.get(node_name)
         if node is None:
-            raise InputError(source, f"workloads[{i}].placements[{j}].node", f"unknown node {p.node!r}")
+            raise InputError(source, f"workloads[{i}].placements[{j}].node", f"unknown node {node_name!r}")
         assert used is not None
-        gpus = _assign(node, w.gpus_per_node, w.gpu_milli, used)
-        if gpus is None:
-            raise InputError(
-                source, f"workloads[{i}].placements[{j}]",
-                f"node {p.node!r} has no room for {w.gpus_per_node} GPU(s) of {w.gpu_milli} milli",
-            )
-        placements.append(Placement(p.node, gpus))
+        chosen = _assign(node, k, milli, used)
+        if chosen is None:
+            raise InputError(source, f"workloads[{i}].placements[{j}]",
+                             f"node {node_name!r} has no room for {k} GPU(s) of {milli} milli")
+        placements.append(Placement(node_name, chosen))
     return tuple(placements)
 
 
-def _explicit_gpus(snap: Snapshot) -> dict[tuple[str, int], int]:
+def _explicit_gpus(workload_docs: list[Any]) -> dict[tuple[str, int], int]:
     """The share (milli) the running workloads' explicit GPU indices take, per (node, GPU)."""
     used: dict[tuple[str, int], int] = {}
-    for w in snap.workloads:
-        if w.state != "running":
+    at = {f: i for i, f in enumerate(WorkloadIn.model_fields)}
+    for doc in workload_docs:
+        w = _READ[WorkloadIn](doc)
+        if w[at["state"]] != "running":
             continue
-        for p in w.placements:
-            for g in p.gpus or ():
-                used[(p.node, g)] = used.get((p.node, g), 0) + w.gpu_milli
+        for node, gpus in map(_READ[PlacementIn], w[at["placements"]]):
+            for g in gpus or ():
+                used[(node, g)] = used.get((node, g), 0) + w[at["gpu_milli"]]
     return used
 
 

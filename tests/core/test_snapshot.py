@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 from gpudefrag.cli.main import run
 from gpudefrag.demo import demo_document, demo_state
 from gpudefrag.errors import InputError
-from gpudefrag.snapshot import SCHEMA_PATH, json_schema, load_snapshot, read_careful, read_fast, state_to_dict
+from gpudefrag.snapshot import (
+    SCHEMA_PATH,
+    Snapshot,
+    json_schema,
+    load_snapshot,
+    read_careful,
+    read_fast,
+    state_to_dict,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -264,3 +272,17 @@ def test_an_escaped_colon_is_read_like_a_plain_one():
     escaped = plain.replace(b"x:y", b"x\\u003ay")
     assert read_fast(escaped, "snap.json") is None
     assert state_to_dict(read_careful(escaped, "snap.json")) == state_to_dict(read_fast(plain, "snap.json"))
+
+
+def test_defaults_left_out_or_spelled_out_read_alike_on_the_fast_path():
+    """The mirror leaves a field the file leaves out ABSENT (for the repeated-key count) and `to_state` reads
+    the model's default in its place: a file that spells every default out reads the same, also fast."""
+    short = (b'{"nodes": [{"name": "n", "gpus": 2, "taints": [{"key": "k"}]}], "quotas": [{"namespace": "q", '
+             b'"gpu_limit": 4}], "node_groups": [{"name": "g", "current": 1, "maximum": 2}], "workloads": [{"id": '
+             b'"a", "gpus_per_node": 1, "placements": [{"node": "n"}], "tolerations": [{}], "versions": {}}, '
+             b'{"id": "b", "state": "pending", "gpus_per_node": 2}]}')
+    full = json.dumps(Snapshot.model_validate_json(short).model_dump(mode="json")).encode()
+    assert full.count(b":") > 3 * short.count(b":")
+    a, b = read_fast(short, "snap.json"), read_fast(full, "snap.json")
+    assert a is not None and b is not None
+    assert state_to_dict(a) == state_to_dict(b) == state_to_dict(read_careful(short, "snap.json"))
