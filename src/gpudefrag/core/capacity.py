@@ -20,8 +20,6 @@ import numpy as np
 
 from .model import MILLI, ClusterState, Request
 
-NOT_TRACKED = np.iinfo(np.int64).max // 4  # CPU or memory free on a node that does not track it (never a limit)
-
 
 @dataclass(frozen=True, slots=True)
 class Shape:

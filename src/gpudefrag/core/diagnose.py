@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..registry import Registry
-from .capacity import NOT_TRACKED, Shape, gpus_fit, room_fits, share_counts
+from .capacity import Shape, gpus_fit, room_fits, share_counts
 from .fragmentation import (
     capacity_fits,
     eligible_mask,
@@ -31,7 +31,7 @@ from .fragmentation import (
     tolerated,
     whole_free_counts,
 )
-from .model import MILLI, ClusterState, Request, Workload, same_mig_profile
+from .model import MILLI, NOT_TRACKED, ClusterState, Request, Workload, same_mig_profile
 from .scheduler_reasons import SLURM_LIMITS, ReasonClass, classify, guess_scheduler, refused_by_quota, slurm_limit
 
 
@@ -531,7 +531,7 @@ def _per_resource(r: Request, times: int = 1) -> tuple[tuple[str, Shape], ...]:
 def _short_in_total(state: ClusterState, r: Request) -> list[str]:
     """Which of CPU and memory the schedulable nodes lack in total for the request's nodes: moves only carry
     free room from node to node, so whatever moves, the request then takes its CPU and memory out of this
-    total. A node that does not track one of them (`capacity.NOT_TRACKED`) never lacks it."""
+    total. A node that does not track one of them (`model.NOT_TRACKED`) never lacks it."""
     sched = state.schedulable_mask
 
     def total(free: np.ndarray) -> int:

@@ -20,6 +20,7 @@ import numpy as np
 
 MILLI = 1000  # milli-GPU in one whole GPU
 MAX_AMOUNT = 2**40  # per node or request, CPU millicores and memory MiB: sums over a million nodes fit in int64
+NOT_TRACKED = np.iinfo(np.int64).max // 4  # CPU or memory free on a node that does not track it (never a limit)
 
 # A workload label that says "never move this" (set by the Kubernetes converter for pods whose owner gpudefrag
 # cannot replace, or by the pod itself); the snapshot's own `movable: false` says the same.
@@ -322,6 +323,8 @@ class _NodeArrays:
     mig: np.ndarray
     schedulable: np.ndarray
     index: Mapping[str, int]
+    cpu_cap: np.ndarray  # `cpu` with NOT_TRACKED where the node does not track it (0): an empty node's room
+    mem_cap: np.ndarray
 
 
 _STATE_OF = operator.attrgetter("state")
@@ -350,9 +353,11 @@ def _node_arrays(nodes: tuple[Node, ...]) -> _NodeArrays:
     cols = [np.fromiter(map(operator.attrgetter(a), nodes), dtype=t, count=n) for a, t in (
         ("gpu_count", np.int32), ("usable_gpus", np.int32), ("cpu_milli", np.int64), ("memory_mib", np.int64),
         ("has_mig", bool), ("schedulable", bool))]
+    cpu, mem = cols[2], cols[3]
+    cols += [np.where(cpu > 0, cpu, NOT_TRACKED), np.where(mem > 0, mem, NOT_TRACKED)]
     for a in cols:
         a.flags.writeable = False
-    got = _NodeArrays(*cols, MappingProxyType({nd.name: i for i, nd in enumerate(nodes)}))
+    got = _NodeArrays(*cols[:6], MappingProxyType({nd.name: i for i, nd in enumerate(nodes)}), *cols[6:])
     if isinstance(nodes, tuple):  # (a list could change under the cache)
         _last_nodes[:] = [(nodes, got)]
     return got
@@ -373,8 +378,8 @@ def _state_arrays(nodes: tuple[Node, ...], used: np.ndarray, cpu_used: np.ndarra
         "usable": usable,
         "used": used,
         "free": free,
-        "cpu_free": np.where(cpu > 0, cpu - cpu_used, np.iinfo(np.int64).max // 4),
-        "mem_free": np.where(mem > 0, mem - mem_used, np.iinfo(np.int64).max // 4),
+        "cpu_free": np.where(cpu > 0, cpu - cpu_used, NOT_TRACKED),
+        "mem_free": np.where(mem > 0, mem - mem_used, NOT_TRACKED),
     }
 
 
@@ -603,14 +608,12 @@ class ClusterState:
     def cpu_capacity(self) -> np.ndarray:
         """CPU milli-cores per node as built, with nothing running (a huge number where the node does not track
         CPU, as in `cpu_free`): what a request must fit in on an empty node."""
-        cpu = _node_arrays(self.nodes).cpu
-        return np.where(cpu > 0, cpu, np.iinfo(np.int64).max // 4)
+        return _node_arrays(self.nodes).cpu_cap
 
     @property
     def mem_capacity(self) -> np.ndarray:
         """Memory MiB per node as built (huge where not tracked); see `cpu_capacity`."""
-        mem = _node_arrays(self.nodes).mem
-        return np.where(mem > 0, mem, np.iinfo(np.int64).max // 4)
+        return _node_arrays(self.nodes).mem_cap
 
     def may_move_known(self, movable: Callable[[Workload], bool] | None = None) -> np.ndarray | None:
         """`may_move(movable)` when some caller computed it on this state already, else None (for a caller that

@@ -21,9 +21,9 @@ from typing import Protocol
 
 import numpy as np
 
-from .capacity import NOT_TRACKED, Capacity, Shape, model_allowed
+from .capacity import Capacity, Shape, model_allowed
 from .fragmentation import WorkloadMix
-from .model import MILLI, ClusterState, Node, Placement, Request, Workload, workload_row
+from .model import MILLI, NOT_TRACKED, ClusterState, Node, Placement, Request, Workload, workload_row
 
 MAX_SPEC_CPU = 128_000  # milli-cores: the normaliser of the authors' dot-product and best-fit scores
 MAX_SPEC_GPU = 8_000  # milli-GPU: likewise (an 8-GPU node)

@@ -17,9 +17,9 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from .capacity import fits
-from .model import MILLI
+from .model import MILLI, NOT_TRACKED
 from .planner_heuristic import cheapest_subsets, clear_node, lower_bounds, room_bound
-from .planner_problem import BIG, Part, Problem, Work
+from .planner_problem import Part, Problem, Work
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ def cp_sat(p: Problem, parts: list[Part], hint: Work | None, *, only_node: int |
     # CPU and memory, per node (only where the node tracks them)
     for n in set(arrivals) | set(part_nodes):
         for free_arr, attr in ((st.cpu_free, "cpu"), (st.mem_free, "mem")):
-            if free_arr[n] >= BIG // 2:
+            if free_arr[n] >= NOT_TRACKED // 2:
                 continue
             need = getattr(p, attr)
             terms = [int(need[wi]) * x[wi, n] for wi in arrivals[n] if need[wi]]

@@ -20,7 +20,6 @@ from .fragmentation import eligible_mask
 from .model import MILLI, ClusterState, Request, Versions, Workload
 from .planner_types import PlanOptions
 
-BIG = np.iinfo(np.int64).max // 4
 RESERVATION_LABEL = "gpudefrag.io/reservation"  # marks a request placed by an earlier plan of plan_all_pending
 
 

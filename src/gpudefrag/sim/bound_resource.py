@@ -37,8 +37,8 @@ from ortools.sat.python import cp_model
 from scipy.optimize import linprog
 from scipy.sparse import csc_matrix
 
-from ..core.capacity import NOT_TRACKED, fits_one, model_allowed
-from ..core.model import MILLI
+from ..core.capacity import fits_one, model_allowed
+from ..core.model import MILLI, NOT_TRACKED
 from ..core.placement import Cluster, Pod, get_policy
 from .bound import lower_bound
 

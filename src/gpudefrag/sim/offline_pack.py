@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ..core.capacity import NOT_TRACKED, model_allowed
-from ..core.model import MILLI
+from ..core.capacity import model_allowed
+from ..core.model import MILLI, NOT_TRACKED
 from ..core.placement import Choice, Cluster, Pod
 from .repack import ChainRepacker
 from .replay import allocation_ok, replay
