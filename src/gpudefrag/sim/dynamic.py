@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -489,23 +489,6 @@ class Decider:
         self._rows = np.zeros((0, 9), dtype=np.int64)
         self._gpus = np.zeros((0, cl.free.shape[1]), dtype=np.int64)
         self._ok = np.zeros(0, dtype=bool)
-        # the filter's verdict per workload object (id -> (object, verdict)): `state` hands every decision the
-        # same object for a placed job until its placement, start or heartbeat changes, and a workload is frozen,
-        # so the filter is asked once per object, not once per object and decision (4,000 jobs x 800 decisions)
-        self._verdicts: dict[int, tuple[PlannedWorkload, bool]] = {}
-        if options.movable is not None:
-            self.options = dataclasses.replace(options, movable=self._remembered(options.movable))
-
-    def _remembered(self, movable: Callable[[PlannedWorkload], bool]) -> Callable[[PlannedWorkload], bool]:
-        seen = self._verdicts
-
-        def allowed(w: PlannedWorkload) -> bool:
-            hit = seen.get(id(w))
-            if hit is None or hit[0] is not w:
-                hit = seen[id(w)] = (w, bool(movable(w)))
-            return hit[1]
-
-        return allowed
 
     def state(self, jid: int, pod: Pod, queued_at: float, started: Mapping[int, float],
               now: float) -> tuple[ClusterState, PlannedWorkload]:
@@ -528,10 +511,6 @@ class Decider:
                 self._job(pid, now)
         alive = np.flatnonzero(self._on[:n])  # ascending ids: the order of `placed.pods`
         running = self._ws[alive].tolist()
-        if len(self._verdicts) > 2 * len(running) + 1000:  # forget the objects no placed job uses any more
-            live = {id(w) for w in running}
-            for k in [k for k in self._verdicts if k not in live]:
-                del self._verdicts[k]
         head = PlannedWorkload(f"job-{jid}", request_of(pod), WorkloadState.PENDING, submitted_at=queued_at)
         movable = self.options.movable
         return self.cl.to_state(running, (head,), now=now, name="dynamic", known_rows=self._rows[alive],
