@@ -216,25 +216,31 @@ _DIGIT_RUNS = bytes(0x39 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))  # 
 REFUSED = object()  # what fast_json returns where the careful parse must speak
 
 
-def fast_json(raw: bytes, *, bounded_ints: bool = True) -> Any:
+def fast_json(raw: bytes) -> Any:
     """The document in `raw` decoded by msgspec (several times faster than the guarded `json` parse), or
     `REFUSED` where that parse must run to say what is wrong — and only there: the guards hold exactly.
     msgspec refuses malformed JSON and UTF-8, NaN/Infinity, numbers that overflow a double, nesting past the
-    recursion limit (as `json` does). It keeps the last of repeated keys silently, so they are found by counting:
-    every key is followed by one ':' outside strings, and dropping a repeated one leaves the canonical re-encoding
-    with fewer ':' than the input (unless the input spells a ':' as an escape: then the careful parse decides).
+    recursion limit (as `json` does). Repeated keys, which it keeps silently, are found by `lost_a_key`.
     Integers past int64 are refused by their digits (a run of 19 or more, strings included, sends the document
-    to the careful parse, which checks the value); `bounded_ints=False` leaves that to a typed caller whose
-    fields are bounded anyway."""
+    to the careful parse, which checks the value)."""
     try:
         doc = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError):  # ValidationError (a number out of range) is a DecodeError
         return REFUSED
-    if b"\\u003a" in raw or b"\\u003A" in raw or raw.count(b":") != msgspec.json.encode(doc).count(b":"):
+    if lost_a_key(raw, doc):
         return REFUSED
-    if bounded_ints and b"9" * _INT_DIGITS in raw.translate(_DIGIT_RUNS):
+    if b"9" * _INT_DIGITS in raw.translate(_DIGIT_RUNS):
         return REFUSED
     return doc
+
+
+def lost_a_key(raw: bytes, decoded: Any) -> bool:
+    """Whether msgspec's value of `raw` may have dropped a repeated key (it keeps the last one silently): every
+    key is followed by one ':' outside strings, and a value that lost one re-encodes with fewer ':' than `raw`
+    has. True too when `raw` spells a ':' as an escape (the count cannot tell): the caller's careful parse then
+    decides. `decoded` must re-encode to exactly the keys the document gave (a typed value leaves out the fields
+    the document left out)."""
+    return b"\\u003a" in raw or b"\\u003A" in raw or raw.count(b":") != msgspec.json.encode(decoded).count(b":")
 
 
 def parse_json(raw: bytes | str, src: str, *, check_only: bool = False) -> Any:

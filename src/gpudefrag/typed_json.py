@@ -30,6 +30,8 @@ import msgspec
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from . import fileio
+
 _SCALARS = (int, float, str, bool)
 
 
@@ -148,15 +150,12 @@ def decode(raw: bytes, struct: type[msgspec.Struct]) -> Any | None:
     """The typed value of `raw`, or None when msgspec refuses it (malformed JSON or UTF-8, NaN/Infinity, a wrong
     type, a bound, an unknown or missing field), or the document repeats a key; the caller then takes the careful
     path for the message. Decoded straight to the typed value (an untyped document first, then converted, took
-    2.3 x as long). msgspec keeps the last of repeated keys silently, so they are found as in `fileio.fast_json`:
-    every key is followed by one ':' outside strings, and a document that lost a repeated key re-encodes with
-    fewer ':' than it has (unless it spells a ':' as an escape: then the careful path decides); the mirror leaves
-    the fields the file left out `ABSENT`, which re-encoding leaves out too. Integers need no digit check here:
-    every integer field of a mirrored model is bounded."""
+    2.3 x as long). Repeated keys, which msgspec keeps silently, are found by `fileio.lost_a_key`, as for any
+    JSON reader; the mirror leaves the fields the file left out `ABSENT`, which re-encoding leaves out too, so the
+    count it compares holds. Integers need no digit check here: every integer field of a mirrored model is
+    bounded."""
     try:
         value = _decoder(struct).decode(raw)
     except (msgspec.DecodeError, RecursionError):  # ValidationError (a type, a bound) is a DecodeError
         return None
-    if b"\\u003a" in raw or b"\\u003A" in raw or raw.count(b":") != msgspec.json.encode(value).count(b":"):
-        return None
-    return value
+    return None if fileio.lost_a_key(raw, value) else value
