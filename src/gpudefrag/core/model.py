@@ -15,6 +15,7 @@ from enum import StrEnum
 from functools import cached_property
 from itertools import chain, compress, repeat
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -333,11 +334,6 @@ _REQUEST_OF = operator.attrgetter("request")
 _PLACEMENTS_OF = operator.attrgetter("placements")
 _NODE_OF = operator.attrgetter("node")
 _GPUS_OF = operator.attrgetter("gpus")
-_MILLI_OF = operator.attrgetter("request.gpu_milli")
-_CPU_OF = operator.attrgetter("request.cpu_milli")
-_MEM_OF = operator.attrgetter("request.memory_mib")
-_GPN_OF = operator.attrgetter("request.gpus_per_node")
-_NODE_COUNT_OF = operator.attrgetter("request.node_count")
 _last_nodes: list[tuple[tuple[Node, ...], _NodeArrays]] = []  # the one tuple of nodes `_node_arrays` keeps
 
 
@@ -388,6 +384,59 @@ def workload_row(w: Workload, node_index: Mapping[str, int]) -> tuple[int, ...]:
     p, r = w.placements, w.request
     return (node_index[p[0].node] if len(p) == 1 else -1, r.gpus_per_node, p[0].gpus[0] if p and p[0].gpus else -1,
             r.gpu_milli, r.cpu_milli, r.memory_mib, len(p[0].gpus) if p else 0, len(p), int(w.can_move))
+
+
+_CAN_MOVE_OF = operator.attrgetter("can_move")
+_GPU_MILLI = operator.attrgetter("gpu_milli")  # of a Request
+_GPUS_PER_NODE = operator.attrgetter("gpus_per_node")
+_CPU_MILLI = operator.attrgetter("cpu_milli")
+_MEMORY_MIB = operator.attrgetter("memory_mib")
+_NODE_COUNT = operator.attrgetter("node_count")
+
+
+class _Columns(NamedTuple):
+    """`ClusterState._columns`: the running workloads as columns. Per placed GPU: `rows` (node row), `gpu` (its
+    index); per placement: `share` (milli per GPU), `prow` (node row), `cpu`, `mem`, `held` (GPUs it holds),
+    `asked` (GPUs per node asked); per running workload: `n_placed` (placements), `node_count`, and its request's
+    `w_milli`, `w_gpn`, `w_cpu`, `w_mem`."""
+
+    rows: np.ndarray
+    gpu: np.ndarray
+    share: np.ndarray
+    prow: np.ndarray
+    cpu: np.ndarray
+    mem: np.ndarray
+    held: np.ndarray
+    asked: np.ndarray
+    n_placed: np.ndarray
+    node_count: np.ndarray
+    w_milli: np.ndarray
+    w_gpn: np.ndarray
+    w_cpu: np.ndarray
+    w_mem: np.ndarray
+
+
+def _rows_from_columns(run: Sequence[Workload], cols: _Columns) -> np.ndarray:
+    """`workload_row` of every running workload at once, from the columns `validate` gathered (one Python pass
+    per attribute at C speed, not one tuple built per workload: the live controller's model builds a state of
+    40,000 pods every cycle). tests/core/test_model_rows.py checks it against `workload_row`."""
+    prow, gcol, held, n_placed = cols.prow, cols.gpu, cols.held, cols.n_placed
+    n = len(run)
+    first = np.cumsum(n_placed) - n_placed  # each workload's first placement (meaningless where it has none)
+    fp = np.where(n_placed > 0, first, len(prow))  # none: the padding slot below
+    held0 = np.append(held, 0)[fp]
+    gfirst = np.append(np.cumsum(held) - held, 0)[fp]  # the first placement's first GPU in the GPU column
+    out = np.empty((n, 9), dtype=np.int64)
+    out[:, 0] = np.where(n_placed == 1, np.append(prow, -1)[fp], -1)
+    out[:, 1] = cols.w_gpn
+    out[:, 2] = np.where(held0 > 0, np.append(gcol, -1)[np.where(held0 > 0, gfirst, len(gcol))], -1)
+    out[:, 3] = cols.w_milli
+    out[:, 4] = cols.w_cpu
+    out[:, 5] = cols.w_mem
+    out[:, 6] = held0
+    out[:, 7] = n_placed
+    out[:, 8] = np.fromiter(map(_CAN_MOVE_OF, run), dtype=bool, count=n)
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -544,20 +593,16 @@ class ClusterState:
         """The running workloads' placements as arrays: (node row, GPU index, share) per placed GPU and (node row,
         CPU, memory) per placement. validate() walks the placements anyway and leaves these behind, so the
         free-capacity arrays do not walk 50,000 workloads a second time."""
-        placed = self._walk_placements()
-        assert placed is not None, "placements on unknown nodes: validate() refuses such a state"
-        return placed
+        c = self._columns
+        assert c is not None, "placements on unknown nodes: validate() refuses such a state"
+        return c.rows, c.gpu, np.repeat(c.share, c.held), c.prow, c.cpu, c.mem
 
-    def _walk_placements(self) -> tuple[np.ndarray, ...] | None:
-        """One pass over the running workloads' placements (None when one names an unknown node)."""
-        cols = self._placement_columns()
-        return None if cols is None else cols[:6]
-
-    def _placement_columns(self) -> tuple[np.ndarray, ...] | None:
-        """The running workloads' placements as columns, gathered at C speed (`map` over attribute getters; a
-        loop over 50,000 workloads in Python was a fifth of loading a large snapshot): per placed GPU (node row,
-        GPU index, share); per placement (node row, CPU, memory, GPUs it holds, GPUs per node asked); per running
-        workload, its number of placements. None when a placement names an unknown node."""
+    @cached_property
+    def _columns(self) -> _Columns | None:
+        """The running workloads' requests and placements as columns, gathered once per state at C speed (`map`
+        over attribute getters: a loop over 50,000 workloads in Python was a fifth of loading a large snapshot,
+        and the live controller builds a state of 40,000 pods every cycle). validate(), the free-capacity arrays
+        and `running_rows` share them. None when a placement names an unknown node."""
         run = self.running
         plist = list(chain.from_iterable(map(_PLACEMENTS_OF, run)))
         try:
@@ -568,15 +613,17 @@ class ClusterState:
         gpus = list(map(_GPUS_OF, plist))
         held = np.fromiter(map(len, gpus), dtype=np.int64, count=len(plist))
         n_placed = np.fromiter(map(len, map(_PLACEMENTS_OF, run)), dtype=np.int64, count=len(run))
+        reqs = list(map(_REQUEST_OF, run))
 
-        def per_placement(get: Callable[[Workload], int]) -> np.ndarray:
-            return np.repeat(np.fromiter(map(get, run), dtype=np.int64, count=len(run)), n_placed)
+        def per_workload(get: Callable[[Request], int]) -> np.ndarray:
+            return np.fromiter(map(get, reqs), dtype=np.int64, count=len(reqs))
 
-        milli = per_placement(_MILLI_OF)
-        rows = np.repeat(prow, held)
-        cols = np.fromiter(chain.from_iterable(gpus), dtype=np.int64, count=int(held.sum()))
-        return (rows, cols, np.repeat(milli, held), prow, per_placement(_CPU_OF), per_placement(_MEM_OF), held,
-                per_placement(_GPN_OF), n_placed)
+        milli, gpn = per_workload(_GPU_MILLI), per_workload(_GPUS_PER_NODE)
+        cpu, mem = per_workload(_CPU_MILLI), per_workload(_MEMORY_MIB)
+        return _Columns(np.repeat(prow, held), np.fromiter(chain.from_iterable(gpus), dtype=np.int64,
+                                                             count=int(held.sum())),
+                        np.repeat(milli, n_placed), prow, np.repeat(cpu, n_placed), np.repeat(mem, n_placed), held,
+                        np.repeat(gpn, n_placed), n_placed, per_workload(_NODE_COUNT), milli, gpn, cpu, mem)
 
     @property
     def free_milli(self) -> np.ndarray:
@@ -645,9 +692,12 @@ class ClusterState:
         (milli-cores), 5 memory (MiB), 6 the GPUs its first placement holds, 7 its placements, 8 `can_move`
         (0/1). One pass over the workloads per state, shared by the diagnosis's clearing count and the planner's
         problem (each made its own pass at every decision of a replay)."""
-        idx = self.node_index
         run = self.running
-        return np.array([workload_row(w, idx) for w in run], dtype=np.int64).reshape(len(run), 9)
+        cols = self._columns
+        if cols is None or not run:  # a placement on an unknown node (validate refuses it; the walk names it)
+            idx = self.node_index
+            return np.array([workload_row(w, idx) for w in run], dtype=np.int64).reshape(len(run), 9)
+        return _rows_from_columns(run, cols)
 
     @cached_property
     def running_index(self) -> dict[str, int]:
@@ -704,12 +754,12 @@ class ClusterState:
                 return False
         if any(map(_PLACEMENTS_OF, compress(ws, map(operator.is_, map(_STATE_OF, ws), repeat(WorkloadState.PENDING))))):
             return False  # a pending workload with placements
-        placed = self._placement_columns()
+        placed = self._columns
         if placed is None:
             return False
-        rr, cc, share, prow, pcpu, pmem, held, asked, n_placed = placed
-        run = self.running
-        if not np.array_equal(n_placed, np.fromiter(map(_NODE_COUNT_OF, run), dtype=np.int64, count=len(run))):
+        rr, cc, share, held, asked, n_placed = (placed.rows, placed.gpu, np.repeat(placed.share, placed.held),
+                                                placed.held, placed.asked, placed.n_placed)
+        if not np.array_equal(n_placed, placed.node_count):
             return False  # a running workload on as many nodes as it asks for
         if not np.array_equal(held, asked):
             return False  # each placement holds the GPUs per node asked
@@ -720,7 +770,7 @@ class ClusterState:
             used = np.bincount(rr * g + cc, weights=share, minlength=len(self.nodes) * g)
             if not bool((used <= MILLI).all()):
                 return False  # also a GPU listed twice by one placement: it holds 2+ GPUs, so whole ones (above)
-        self.__dict__["_placed"] = (rr, cc, share, prow, pcpu, pmem)  # the cached_property's slot: _arrays reuses it
+        self.__dict__["_placed"] = (rr, cc, share, placed.prow, placed.cpu, placed.mem)  # what _arrays reads
         return True
 
     def _validate_exactly(self) -> None:
