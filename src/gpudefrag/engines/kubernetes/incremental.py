@@ -22,6 +22,7 @@ Not thread-safe on its own: the watch cache (watch.py) serialises `apply`/`repla
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -113,7 +114,11 @@ class LiveModel:
         self._on: dict[str, set[str]] = {}  # node name -> keys of the pods bound to it
         self._claimers: set[str] = set()  # pods with DRA claims
         self._pods: dict[str, _Converted] = {}
-        self._order: list[_Converted] | None = None  # conversion order, None when a pod changed
+        # the conversion order: every pod's (creation time, name, key), kept sorted as pods come and go (a full
+        # sort of 40,000 pods was a sixth of a warm cycle at 5,000 nodes), and the converted pods in that order
+        # (None when a pod changed)
+        self._keys: list[tuple[float, str, str]] = []
+        self._order: list[_Converted] | None = None
         self._dirty_nodes: set[str] = set()
         self._dirty_pending: set[str] = set()
         self._dirty_kinds: set[str] = set()
@@ -186,8 +191,7 @@ class LiveModel:
         if was is None or now is None:
             self._dirty_pending.add(k)
         if new is None:
-            if self._pods.pop(k, None) is not None:
-                self._order = None
+            self._forget(k)
             self._claimers.discard(k)
         elif (new.get("spec") or {}).get("resourceClaims"):
             self._claimers.add(k)
@@ -255,9 +259,26 @@ class LiveModel:
         for created, name, k, at, meta in parsed:
             before = len(b.warnings)
             w, info = _pod(b, at, meta, created, nodes, self._dra, self._latest)
+            old = self._pods.get(k)
+            if old is None or old.order != (created, name, k):
+                if old is not None:
+                    self._unkey(old.order)
+                bisect.insort(self._keys, (created, name, k))
             self._pods[k] = _Converted((created, name, k), w, info, tuple(b.warnings[before:]))
             self.conversions += 1
         self._order = None
+
+    def _forget(self, k: str) -> None:
+        """A pod gone: out of the converted pods and the conversion order."""
+        old = self._pods.pop(k, None)
+        if old is not None:
+            self._unkey(old.order)
+            self._order = None
+
+    def _unkey(self, order: tuple[float, str, str]) -> None:
+        i = bisect.bisect_left(self._keys, order)
+        assert i < len(self._keys) and self._keys[i] == order, "the conversion order lost a pod"
+        del self._keys[i]
 
     def _refresh_node(self, name: str) -> None:
         obj = next((self.raw[f][f"/{name}"] for f in self._feeds("Node") if f"/{name}" in self.raw[f]), None)
@@ -293,14 +314,15 @@ class LiveModel:
                 self._dirty_nodes.discard(name)
             pending = [k for k in self._dirty_pending if _bound_to(self._pod_raw(k)) is None]
             for k in self._dirty_pending:
-                if self._pod_raw(k) is None and self._pods.pop(k, None) is not None:
-                    self._order = None
+                if self._pod_raw(k) is None:
+                    self._forget(k)
             self._convert_pods(_Builder(None, strict=False), pending, {})  # type: ignore[arg-type]
             self._dirty_pending.clear()
             if not self._nodes:
                 raise InputError("cluster", self.where, "the cluster reports no nodes")
             if self._order is None:
-                self._order = sorted(self._pods.values(), key=lambda c: c.order)
+                pods = self._pods
+                self._order = [pods[k] for _, _, k in self._keys]
             workloads: list[Workload] = []
             infos: dict[str, PodInfo] = {}
             warned: list[str] = []
