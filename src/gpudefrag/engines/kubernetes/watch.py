@@ -212,12 +212,14 @@ class WatchCache:
                 rv = (obj.get("metadata") or {}).get("resourceVersion")
                 if typ != "BOOKMARK":
                     obj.setdefault("kind", src.kind)
-                    with self.lock:
+                    with self.lock:  # the object and the resourceVersion it brings change together
                         if self.model.apply(src.name, typ, obj):
                             self._wake.set()
                         feed.events += 1
                         self.generation += 1
-                if rv:
+                        if rv:
+                            feed.rv = rv
+                elif rv:
                     feed.rv = rv
         finally:
             feed.stream = None
