@@ -31,6 +31,7 @@ CHAIN_VICTIMS = 3  # workloads moved out of the way on one node
 CHAIN_SUBSETS = 32
 BOUND_FACTOR = 4  # nodes whose exact room bound is checked, per node cleared in full (candidate_limit)
 SMALL_NODE = 12  # room_bound checks every set of at most this many workloads at once (2**12 sets)
+PRUNE_BY_BEST = True  # clear_node and the chains stop a trial once it costs as much as the best plan so far
 
 
 @dataclass
@@ -70,10 +71,8 @@ def room_bound(p: Problem, work: Work, part: Part, i: int, bar: float = float("i
     max_size = min(work.moves_left(), p.opts.max_moves_per_node - int(work.touched[i]), len(items))
     base = [int(x) for x in work.free[i]]
     cpu0, mem0 = int(work.cpu[i]), int(work.mem[i])
-    frees = [(p.ws[wi].placements[0].gpus, int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi])) for wi in items]
-    if max_size <= 0 or not fits_one(*_without(base, cpu0, mem0, frees, range(len(frees))), part.shape):
-        return float("inf")
-    if max_size < len(frees) and fewest_to_leave(base, cpu0, mem0, frees, part.shape) > max_size:
+    frees = _frees(p, items)
+    if not _room_within(base, cpu0, mem0, frees, max_size, part.shape):
         return float("inf")  # e.g. a node whose CPU twenty small CPU-only pods hold, and a budget of 8 moves
     if bar == float("inf") and not _some_set_makes_room(base, cpu0, mem0, frees, max_size, part.shape):
         return float("inf")
@@ -114,6 +113,23 @@ def room_possible(p: Problem, work: Work, part: Part) -> np.ndarray:
     whole = np.bincount(src[~shared], weights=gpus[~shared], minlength=n).astype(np.int64)
     counts = share_counts(work.free + gain, part.milli) + whole
     return ok & fits(work.free, cpu, mem, part.shape, counts=counts)
+
+
+def _frees(p: Problem, items: list[int]) -> list[tuple[tuple[int, ...], int, int, int]]:
+    """What each of one node's workloads `items` gives back when it leaves: its GPUs there, its share of each,
+    its CPU and memory (the rows `_without` adds up)."""
+    return [(p.ws[wi].placements[0].gpus, int(p.milli[wi]), int(p.cpu[wi]), int(p.mem[wi])) for wi in items]
+
+
+def _room_within(base: list[int], cpu: int, mem: int, frees: list[tuple[tuple[int, ...], int, int, int]],
+                 max_size: int, shape: Shape) -> bool:
+    """False only when no set of at most `max_size` of one node's workloads (`frees`) makes room for `shape` by
+    leaving: not even all of them together do (room only grows as workloads leave), or more of them than
+    `max_size` must leave (`fewest_to_leave`). Two sums instead of walking the sets one by one, which is what
+    `room_bound` and `_chain` would otherwise do to find none."""
+    if max_size <= 0 or not fits_one(*_without(base, cpu, mem, frees, range(len(frees))), shape):
+        return False
+    return max_size >= len(frees) or fewest_to_leave(base, cpu, mem, frees, shape) <= max_size
 
 
 def _some_set_makes_room(base: list[int], cpu: int, mem: int, frees: list[tuple[tuple[int, ...], int, int, int]],
@@ -209,18 +225,34 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray,
     partly = (work.free > 0) & (work.free < MILLI)
     cap_ok = have + capacity + (shared | partly).sum(axis=1) >= part.gpus
     lb = np.maximum(min_item, need * np.where(np.isfinite(min_ratio), min_ratio, 0.0))
-    lb = np.maximum(lb, _cover_cost(src, np.where(p.milli[single] >= MILLI, gpus, 1), ratio, need, n))
+    by_price, units, prices = _price_order(p, p.score if scores is None else scores)
+    if work.moved:
+        by_price = by_price[single[by_price]]
+    lb = np.maximum(lb, _cover_cost(p.src[by_price], units[by_price], prices[by_price], need, n))
     return np.where(allowed & cap_ok, lb, np.inf)
+
+
+def _price_order(p: Problem, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The single-node workloads that can free a GPU, by node and then by price per GPU freed (ties: workload
+    number), with every workload's units (GPUs it frees) and price: what `_cover_cost` buys from. Made once per
+    problem and score vector: a chain search asks `lower_bounds` hundreds of times per decision and the sort was
+    its largest part. Leaving out the workloads moved already keeps the order of the rest (the sort is stable
+    and the keys are per workload), so the cover costs are those of a sort of what is left, to the last bit."""
+    key = ("price_order", id(scores))
+    got = p.memo.get(key)
+    if got is None or got[0] is not scores:
+        whole = (p.milli >= MILLI) & (p.gpus > 0)
+        prices = np.where(whole, scores / np.maximum(p.gpus, 1), scores)
+        units = np.where(p.milli >= MILLI, p.gpus, 1)
+        idx = np.flatnonzero(~p.multi & (units > 0))
+        got = p.memo[key] = (scores, idx[np.lexsort((prices[idx], p.src[idx]))], units, prices)
+    return got[1], got[2], got[3]
 
 
 def _cover_cost(src: np.ndarray, units: np.ndarray, price: np.ndarray, need: np.ndarray, n: int) -> np.ndarray:
     """Per node, the cheapest way to buy `need` units from that node's items (each `units` at `price` per
-    unit, the last one fractionally); 0 where nothing is needed, and the whole stock where it is too small
-    (the capacity check rules those nodes out)."""
-    keep = units > 0
-    src, units, price = src[keep], units[keep], price[keep]
-    order = np.lexsort((price, src))
-    src, units, price = src[order], units[order], price[order]
+    unit, the last one fractionally; the items sorted by node, then by price); 0 where nothing is needed, and
+    the whole stock where it is too small (the capacity check rules those nodes out)."""
     cum_units = np.cumsum(units)
     cum_cost = np.cumsum(units * price)
     starts = np.searchsorted(src, np.arange(n))
@@ -259,9 +291,11 @@ def _best_fit(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> int | None
     return int(idx[np.lexsort((idx, tie, left))[0]])
 
 
-def _place(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int = CHAIN_DEPTH) -> bool:
+def _place(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int = CHAIN_DEPTH,
+           limit: float = math.inf) -> bool:
     """Move a released workload to its best-fitting node, or through a chain (move some of another node's
-    workloads away first, themselves placed the same way one level down). False: it fits nowhere."""
+    workloads away first, themselves placed the same way one level down). False: it fits nowhere, or only
+    through chains that leave the score at `limit` or above (see `_chain`)."""
     dst = _best_fit(p, work, wi, forbid)
     if dst is not None:
         gp = pick_gpus(work.free[dst], p.shape(wi))
@@ -270,66 +304,136 @@ def _place(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int = CHA
         return True
     if depth <= 0 or work.moves_left() < 2:
         return False
-    best = _chain(p, work, wi, forbid, depth)
+    best = _chain(p, work, wi, forbid, depth, limit)
     if best is None:
         return False
     work.assign(best)
     return True
 
 
-def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int) -> Work | None:
+def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int,
+           limit: float = math.inf) -> Work | None:
     """The cheapest way found to make room for `wi` on some node C by moving up to CHAIN_VICTIMS of C's
-    workloads elsewhere first. Returns the working state with all those moves made, or None."""
+    workloads elsewhere first. Returns the working state with all those moves made, or None.
+
+    `limit`: a score at or above which no plan is of use to the caller (the best plan so far, less the
+    planner's tolerance). Move scores are never negative, so a trial whose score reaches it stays there: the
+    search drops it, and skips every node and set whose lower bound reaches it, as it does for its own best.
+    Whenever the search without a limit finds a chain scoring below it, this one finds the same chain (every
+    trial of that chain stays below the limit, so no step of it is dropped, and every cheaper trial the search
+    compares it with was tried by both); otherwise it returns None where that one returned a chain of no use.
+
+    The search is a function of the working state it reads (free arrays, move counts, the moves so far and the
+    score) and of `wi`, `forbid` and `depth`, nothing else: one decision asks the same search again and again
+    (clear_node's two orders, sets of one node that displace the same workload first, the same victim of
+    several chains; a third of the searches on the replay in time), so each answer is kept for the decision's
+    problem, keyed by all of that, and handed out as a copy carrying the asker's own reservations."""
+    key = (work.free.tobytes(), work.cpu.tobytes(), work.mem.tobytes(), work.touched.tobytes(),
+           tuple(work.moved.items()), work.score, wi, forbid.tobytes(), depth, limit)
+    memo: dict[tuple[object, ...], Work | None] = p.memo.setdefault(("chain",), {})
+    if key in memo:
+        kept = memo[key]
+        if kept is None:
+            return None
+        out = kept.clone()
+        out.reserved = list(work.reserved)
+        return out
+    best = _chain_search(p, work, wi, forbid, depth, limit)
+    memo[key] = None if best is None else best.clone()
+    return best
+
+
+def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int, limit: float) -> Work | None:
+    """`_chain` without the memo."""
     w = p.ws[wi]
     budget = p.opts.max_moves_per_node
     mask = p.targets_mask(wi) & ~forbid & (work.touched + 2 <= budget)
     mask[int(p.src[wi])] = False
     if not mask.any():
         return None
-    shape = Part(-1, w.request, p.shape(wi), mask)
+    own = float(p.score[wi])
+    if work.score + own >= limit:
+        return None  # its own move alone takes the score to the limit
+    wshape = p.shape(wi)
+    shape = Part(-1, w.request, wshape, mask)
     lb = lower_bounds(p, work, shape, mask)
     order = np.flatnonzero(np.isfinite(lb))
     order = order[np.argsort(lb[order], kind="stable")][: CHAIN_NODES if depth == CHAIN_DEPTH else CHAIN_NODES_INNER]
-    own = float(p.score[wi])
     best: Work | None = None
     f2 = forbid.copy()
     for c in order:
         c = int(c)
-        if best is not None and work.score + lb[c] + own >= best.score - 1e-9:
+        if work.score + lb[c] + own >= _bar(best, limit):
             break
         items = [int(v) for v in p.on_node(c)
                  if int(v) not in work.moved and int(v) != wi and p.why_not_movable(int(v)) is None]
         items.sort(key=lambda v: (p.score[v], v))
         costs = [float(p.score[v]) for v in items]
         max_size = min(CHAIN_VICTIMS, work.moves_left() - 1, budget - 1 - int(work.touched[c]), len(items))
+        if max_size <= 0 or work.score + costs[0] + own >= _bar(best, limit):
+            continue  # no set, or even the cheapest one (the first tried) costs too much: the loop below ends at once
+        # `work` stays as it is while C's sets are tried (each trial is a clone): its row once, as numbers, and
+        # each set's fit on it in plain Python (the capacity model's release and rollback per set was a third of
+        # the replay in time); no set at all when none within max_size can make room
+        row, cpu0, mem0 = work.free[c].tolist(), int(work.cpu[c]), int(work.mem[c])
+        frees = _frees(p, items)
+        if not _room_within(row, cpu0, mem0, frees, max_size, wshape):
+            continue
         tries = 0
         for k, sub in enumerate(cheapest_subsets(costs, max_size)):
             if k >= CHAIN_SUBSETS or tries >= 2:
                 break
-            if best is not None and work.score + sum(costs[j] for j in sub) + own >= best.score - 1e-9:
+            if work.score + sum(costs[j] for j in sub) + own >= _bar(best, limit):
                 break
-            victims = [items[j] for j in sub]
-            if not work.fits_without(c, victims, p.shape(wi)):
+            if not fits_one(*_without(row, cpu0, mem0, frees, sub), wshape):
                 continue
+            victims = [items[j] for j in sub]
             tries += 1
             trial = work.clone()
             for v in victims:
                 trial.release(v)
             f2[c] = True
-            ok = all(trial.moves_left() >= 2 and _place(p, trial, v, f2, depth - 1)
-                     for v in sorted(victims, key=lambda v: (-p.gpus[v], -p.milli[v], v)))
+            placing = sorted(victims, key=lambda v: (-p.gpus[v], -p.milli[v], v))
+            rests = _still_to_move(p, placing, own)
+            ok = all(trial.moves_left() >= 2 and _place(p, trial, v, f2, depth - 1, limit - rest)
+                     and trial.score < limit - rest for v, rest in zip(placing, rests, strict=True))
             f2[c] = forbid[c]
-            gp = pick_gpus(trial.free[c], p.shape(wi)) if ok else None
+            gp = pick_gpus(trial.free[c], wshape) if ok else None
             if gp is None or trial.moves_left() < 1 or trial.touched[c] + 1 > budget:
                 continue
             trial.move(wi, c, gp)
-            if best is None or trial.score < best.score - 1e-9:
+            if trial.score < _bar(best, limit):
                 best = trial
     return best
 
 
-def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -> tuple[Work | None, str]:
-    """The cheapest way found to make room for `part` on node i: (new working state, "") or (None, why not)."""
+def _still_to_move(p: Problem, order: list[int], then: float = 0.0) -> list[float]:
+    """Per workload of `order` (placed one after another), the least the ones after it add to the score (each
+    moves at least at its own price), plus `then`: a trial placing that workload is of no use once its score
+    reaches the limit less this."""
+    out: list[float] = []
+    rest = then
+    for wi in reversed(order):
+        out.append(rest)
+        rest += float(p.score[wi])
+    return out[::-1]
+
+
+def _bar(best: Work | None, limit: float) -> float:
+    """The score a trial must stay below to be of use: under the best so far by more than the planner's
+    tolerance, and under the caller's limit."""
+    return limit if best is None else min(limit, best.score - 1e-9)
+
+
+def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray,
+               limit: float = math.inf) -> tuple[Work | None, str]:
+    """The cheapest way found to make room for `part` on node i: (new working state, "") or (None, why not).
+
+    `limit`: the caller holds a plan already and wants one scoring below this (see `_chain`). A trial that
+    reaches it is dropped at once, as one that fails. Where the search without a limit would have stopped after
+    such a trial (it succeeded, at a score of no use), this one goes on to the other order, which can only add
+    a cheaper plan; every plan below the limit that search finds, this one finds."""
+    cheaper = "" if limit == math.inf else " at a score below the best plan's"
     items: list[int] = []
     blocked: list[str] = []
     for wi in p.on_node(i):
@@ -352,6 +456,10 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
             break
         if best is not None and sum(costs[j] for j in sub) >= best.score - work.score - 1e-9:
             break  # the sets only get dearer: a chain in the best so far cannot be beaten any more
+        if work.score + sum(costs[j] for j in sub) >= limit:
+            if not attempts:
+                reason = "no set of its workloads cheaper than the best plan so far makes room"
+            break
         chosen = [items[j] for j in sub]
         if not work.fits_without(i, chosen, part.shape):
             continue
@@ -369,10 +477,11 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray) -
             assert gp is not None
             trial.reserve(part, i, gp)
             ok = True
-            for wi in order:
-                if trial.moves_left() < 1 or not _place(p, trial, wi, f2):
+            for wi, rest in zip(order, _still_to_move(p, order), strict=True):
+                if (trial.moves_left() < 1 or not _place(p, trial, wi, f2, limit=limit - rest)
+                        or trial.score >= limit - rest):
                     ok = False
-                    reason = f"{p.label(wi)} fits on no other node"
+                    reason = f"{p.label(wi)} fits on no other node{cheaper}"
                     refused = p.excluded_by_compat(wi, limit=1)
                     if refused:
                         reason += f" (the compatibility gate refuses some: {refused[0]})"
@@ -420,10 +529,14 @@ def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) 
     reasons: list[str] = []
     forbid = np.zeros(len(p.state.nodes), dtype=bool)
     possible = room_possible(p, work, part)
+    # trials are dropped at the best plan's score only where the default prices are lower bounds of every move
+    # (no link faster than the default one), so that the lower bounds the searches compare with it hold
+    prune = PRUNE_BY_BEST and p.score_lb is p.score
     cleared = 0
     for i in order:
         i = int(i)
         bar = np.inf if best is None else best.score - work.score
+        limit = math.inf if best is None or not prune else best.score - 1e-9
         if lb[i] >= bar or cleared >= p.opts.candidate_limit:
             break
         rb = room_bound(p, work, part, i, bar) if possible[i] else np.inf
@@ -434,7 +547,7 @@ def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) 
                                "makes room")
             continue  # even its cheapest way to make room costs more than the best plan so far
         cleared += 1
-        trial, why = clear_node(p, work, part, i, forbid)
+        trial, why = clear_node(p, work, part, i, forbid, limit)
         if trial is None:
             reasons.append(f"{p.name(i)}: {why}")
             continue

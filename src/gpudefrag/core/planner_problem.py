@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -96,6 +97,9 @@ class Problem:
         self._sig_groups: dict[tuple[object, ...], list[int]] | None = None
         self._shapes: dict[int, Shape] = {}
         self._records: dict[int, Versions] = {}
+        # what a solver derives from the problem alone and asks again and again (the heuristic's price order of
+        # the workloads, per score vector), made once per plan, keyed by the solver
+        self.memo: dict[tuple[object, ...], Any] = {}
 
     # ------------------------------------------------------------------ lookups
     def on_node(self, i: int) -> np.ndarray:

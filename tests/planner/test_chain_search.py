@@ -1,0 +1,191 @@
+"""The heuristic's chain search, made cheap for the replay in time (issue 28, item 5) without changing what it
+finds: its answers kept per decision give the same plans as searching again, its plain-number fit test is the
+capacity model's, the price order kept per problem is the one a fresh sort gives, and dropping trials that
+cost as much as the best plan so far never leaves a worse plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from itertools import combinations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpudefrag.core import planner_heuristic as ph
+from gpudefrag.core.model import ClusterState, Node, Placement, Request, Workload
+from gpudefrag.core.planner import Plan, PlanOptions, plan_moves
+from gpudefrag.core.planner_problem import Part, Problem, Work, parts_of
+
+from .test_property import options, problems
+
+
+@st.composite
+def crowded(draw) -> tuple[ClusterState, Request]:
+    """4 to 9 four-GPU nodes with nearly every GPU held (one-GPU jobs, or one or two shares of 250 to 750), and a
+    request of one, two or four GPUs or a share: most plans need chains, and several candidate nodes are
+    cleared after a first plan is found (what `PRUNE_BY_BEST` acts on; the small clusters of `problems` rarely
+    get there)."""
+    nodes = [Node(f"n{i}", 4, "H100") for i in range(draw(st.integers(4, 9)))]
+    ws: list[Workload] = []
+    for nd in nodes:
+        for g in range(4):
+            kind = draw(st.integers(0, 24))
+            if kind == 0:
+                continue
+            shares = [1000] if kind <= 12 else draw(st.sampled_from(([500], [750], [250, 500], [500, 500], [250])))
+            for k, m in enumerate(shares):
+                ws.append(Workload(f"{nd.name}-{g}-{k}", Request(1, gpu_milli=m),
+                                   placements=(Placement(nd.name, (g,)),),
+                                   checkpoint_bytes=draw(st.integers(0, 40)) << 30,
+                                   last_checkpoint_at=1000.0 - draw(st.integers(0, 900))))
+    request = draw(st.sampled_from((Request(1), Request(1), Request(2), Request(4), Request(1, gpu_milli=750))))
+    return ClusterState.build(nodes, ws, now=1000.0), request
+
+
+busy_options = st.builds(PlanOptions, max_moves=st.sampled_from((3, 6, 8)), max_moves_per_node=st.integers(2, 8),
+                         fresh_checkpoint=st.booleans())
+cases = st.one_of(st.tuples(problems(), options), st.tuples(crowded(), busy_options))
+
+
+def _key(plan: Plan) -> tuple[object, ...]:
+    return (plan.feasible, tuple((m.workload_id, m.target, tuple(m.target_gpus)) for m in plan.moves),
+            tuple((pl.node, tuple(pl.gpus)) for pl in plan.placements), plan.score)
+
+
+def _heuristic(state: ClusterState, request: Request, opts: PlanOptions) -> Plan:
+    return plan_moves(state, request, dataclasses.replace(opts, solver="heuristic"))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases)
+def test_kept_chain_answers_give_the_plans_a_fresh_search_gives(case):
+    """The memo of `_chain` against searching every time (`_chain_search` called directly): the same moves,
+    GPUs, landing and score."""
+    (state, request), opts = case
+    kept = _heuristic(state, request, opts)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ph, "_chain", lambda p, work, wi, forbid, depth, limit=math.inf:
+                   ph._chain_search(p, work, wi, forbid, depth, limit))
+        fresh = _heuristic(state, request, opts)
+    assert _key(kept) == _key(fresh)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases)
+def test_dropping_trials_at_the_best_score_never_leaves_a_worse_plan(case):
+    """With `PRUNE_BY_BEST` off, clear_node and the chains finish every trial; with it on (the default) a plan is
+    found whenever one was, and it costs no more."""
+    (state, request), opts = case
+    pruned = _heuristic(state, request, opts)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ph, "PRUNE_BY_BEST", False)
+        full = _heuristic(state, request, opts)
+    assert pruned.feasible or not full.feasible
+    if full.feasible:
+        assert pruned.score <= full.score + 1e-6
+
+
+def _crowded() -> tuple[Problem, Part]:
+    """Every GPU busy: n0 and n1 with one-GPU jobs, n2 with a half-GPU job alone on each GPU, n3 with three
+    one-GPU jobs and half a GPU free; a one-GPU request. It lands on n2 once one of its half-GPU jobs moves to
+    n3, and a job displaced from n0 finds room only through such a chain (n3 or n2 after a half-GPU job moves)."""
+    nodes = [Node(f"n{k}", 4, "H100") for k in range(4)]
+    ws = [Workload(f"a{g}", Request(1), placements=(Placement("n0", (g,)),), checkpoint_bytes=(g + 1) << 30)
+          for g in range(4)]
+    ws += [Workload(f"b{g}", Request(1), placements=(Placement("n1", (g,)),), checkpoint_bytes=(g + 5) << 30)
+           for g in range(4)]
+    ws += [Workload(f"c{g}", Request(1, gpu_milli=500), placements=(Placement("n2", (g,)),),
+                    checkpoint_bytes=(g + 1) << 29) for g in range(4)]
+    ws += [Workload(f"d{g}", Request(1), placements=(Placement("n3", (g,)),)) for g in range(3)]
+    ws += [Workload("d3", Request(1, gpu_milli=500), placements=(Placement("n3", (3,)),))]
+    state = ClusterState.build(nodes, ws, now=1000.0)
+    p = Problem(state, PlanOptions(max_moves=8, max_moves_per_node=8, solver="heuristic"))
+    return p, parts_of(state, [Request(1)])[0]
+
+
+def test_a_chain_search_asked_again_on_the_same_state_is_answered_from_the_memo(monkeypatch):
+    """The second identical ask does not search; each answer is a copy of its own, carrying the asker's
+    reservations, so changing one changes neither the memo nor the other."""
+    p, part = _crowded()
+    calls: list[int] = []
+    search = ph._chain_search
+    monkeypatch.setattr(ph, "_chain_search", lambda *a: calls.append(1) or search(*a))
+    work = Work(p)
+    wi = int(p.on_node(0)[0])
+    work.release(wi)
+    forbid = np.zeros(len(p.state.nodes), dtype=bool)
+    forbid[0] = True
+    first = ph._chain(p, work, wi, forbid, ph.CHAIN_DEPTH)
+    assert first is not None and len(first.order) == 2  # a half-GPU job moved out of its way first
+    again = work.clone()
+    again.reserved.append((part, 0, (1, 2, 3)))
+    second = ph._chain(p, again, wi, forbid, ph.CHAIN_DEPTH)
+    assert len(calls) == 1
+    assert second is not None and first.order == second.order and first.score == second.score
+    assert np.array_equal(first.free, second.free)
+    assert second.reserved == again.reserved and first.reserved == work.reserved
+    second.free[:] = 0
+    third = ph._chain(p, work, wi, forbid, ph.CHAIN_DEPTH)
+    assert third is not None and np.array_equal(third.free, first.free)
+    assert len(calls) == 1
+
+
+def test_clear_node_under_a_limit_no_plan_can_meet_stops_without_trying(monkeypatch):
+    """A caller whose best plan costs nothing: every set of the node's workloads costs more, so clear_node
+    returns None at once, saying so, and places nothing; without the limit it finds a plan."""
+    p, part = _crowded()
+    forbid = np.zeros(len(p.state.nodes), dtype=bool)
+    got, _ = ph.clear_node(p, Work(p), part, 2, forbid)
+    assert got is not None and len(got.order) == 1
+    placed: list[int] = []
+    place = ph._place
+    monkeypatch.setattr(ph, "_place", lambda *a, **k: placed.append(1) or place(*a, **k))
+    got, why = ph.clear_node(p, Work(p), part, 2, forbid, limit=0.0)
+    assert got is None and "best plan" in why and not placed
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), options, st.data())
+def test_the_price_order_less_moved_workloads_is_a_fresh_sort_of_the_rest(problem, opts, data):
+    """`_price_order` is sorted once per problem; with some workloads moved, `lower_bounds` keeps the rest in
+    that order, which must be exactly the order (and so the sums) a sort of the rest alone gives."""
+    state, _ = problem
+    p = Problem(state, opts)
+    by_price, units, prices = ph._price_order(p, p.score)
+    singles = [int(w) for w in np.flatnonzero(~p.multi)]
+    moved = data.draw(st.sets(st.sampled_from(singles), max_size=4)) if singles else set()
+    left = np.ones(len(p.ws), dtype=bool)
+    left[list(moved)] = False
+    kept = by_price[left[by_price]]
+    idx = np.flatnonzero(~p.multi & left & (units > 0))
+    assert np.array_equal(kept, idx[np.lexsort((prices[idx], p.src[idx]))])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), options)
+def test_the_chain_fit_on_plain_numbers_is_the_capacity_models(problem, opts):
+    """`_chain` tests each set of a node's workloads with `_frees`, `_without` and `fits_one` on the row as
+    numbers; the capacity model's `Work.fits_without` must agree on every set of up to CHAIN_VICTIMS of them,
+    for the request's shape and for each workload's own; and `_room_within` is False only when none fits."""
+    from gpudefrag.core.capacity import fits_one
+
+    state, request = problem
+    p = Problem(state, opts)
+    work = Work(p)
+    shapes = [parts_of(state, [request])[0].shape, *(p.shape(int(w)) for w in np.flatnonzero(~p.multi))]
+    for i in range(len(state.nodes)):
+        items = [int(w) for w in p.on_node(i) if p.why_not_movable(int(w)) is None]
+        row, cpu, mem = work.free[i].tolist(), int(work.cpu[i]), int(work.mem[i])
+        frees = ph._frees(p, items)
+        for shape in shapes[:4]:
+            any_fit = False
+            for k in range(1, min(ph.CHAIN_VICTIMS, len(items)) + 1):
+                for sub in combinations(range(len(items)), k):
+                    mine = fits_one(*ph._without(row, cpu, mem, frees, sub), shape)
+                    assert mine == work.fits_without(i, [items[j] for j in sub], shape)
+                    any_fit |= mine
+            if any_fit:
+                assert ph._room_within(row, cpu, mem, frees, min(ph.CHAIN_VICTIMS, len(items)), shape)
