@@ -189,3 +189,112 @@ def test_the_chain_fit_on_plain_numbers_is_the_capacity_models(problem, opts):
                     any_fit |= mine
             if any_fit:
                 assert ph._room_within(row, cpu, mem, frees, min(ph.CHAIN_VICTIMS, len(items)), shape)
+
+
+def _lower_bounds_fresh(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.ndarray:
+    """`lower_bounds` as it was before it kept its per-workload passes per problem: every pass over what is
+    left, every call."""
+    from gpudefrag.core.model import MILLI
+
+    n = len(p.state.nodes)
+    have = (work.free >= part.milli).sum(axis=1)
+    need = np.maximum(part.gpus - have, 0)
+    single = ~p.multi
+    if work.moved:
+        single = single.copy()
+        single[list(work.moved)] = False
+    src, gpus, score = p.src[single], p.gpus[single], p.score[single]
+    ratio = np.where((p.milli[single] >= MILLI) & (gpus > 0), score / np.maximum(gpus, 1), score)
+    min_ratio = np.full(n, np.inf)
+    np.minimum.at(min_ratio, src, ratio)
+    min_item = np.full(n, np.inf)
+    np.minimum.at(min_item, src, score)
+    capacity = np.zeros(n, dtype=np.int64)
+    np.add.at(capacity, src, np.where(p.milli[single] >= MILLI, gpus, 0))
+    shared = np.zeros(work.free.shape, dtype=bool)
+    frac = (p.milli[single] < MILLI) & (p.gpu0[single] >= 0)
+    shared[src[frac], p.gpu0[single][frac]] = True
+    partly = (work.free > 0) & (work.free < MILLI)
+    cap_ok = have + capacity + (shared | partly).sum(axis=1) >= part.gpus
+    lb = np.maximum(min_item, need * np.where(np.isfinite(min_ratio), min_ratio, 0.0))
+    whole = (p.milli >= MILLI) & (p.gpus > 0)
+    prices = np.where(whole, p.score / np.maximum(p.gpus, 1), p.score)
+    units = np.where(p.milli >= MILLI, p.gpus, 1)
+    idx = np.flatnonzero(single & (units > 0))
+    idx = idx[np.lexsort((prices[idx], p.src[idx]))]
+    s, u, pr = p.src[idx], units[idx], prices[idx]
+    cover = np.zeros(n)
+    if len(s):
+        cum_units, cum_cost = np.cumsum(u), np.cumsum(u * pr)
+        starts, ends = np.searchsorted(s, np.arange(n)), np.searchsorted(s, np.arange(n), side="right")
+        base_units = np.where(starts > 0, cum_units[np.maximum(starts - 1, 0)], 0)
+        base_cost = np.where(starts > 0, cum_cost[np.maximum(starts - 1, 0)], 0.0)
+        want = base_units + need
+        pos = np.searchsorted(cum_units, want, side="left")
+        inside = (need > 0) & (pos < ends)
+        pi = np.minimum(pos, len(s) - 1)
+        cost_at = cum_cost[pi] - (cum_units[pi] - want) * pr[pi] - base_cost
+        total = np.where(ends > starts, cum_cost[np.maximum(ends - 1, 0)] - base_cost, 0.0)
+        cover = np.where(inside, cost_at, np.where(need > 0, total, 0.0))
+    lb = np.maximum(lb, cover)
+    return np.where(allowed & cap_ok, lb, np.inf)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases, st.data())
+def test_the_kept_bound_passes_give_the_fresh_bounds_to_the_bit(case, data):
+    """`lower_bounds` keeps its passes over the workloads per problem and patches the nodes whose workloads moved;
+    with any set of workloads moved (their room given back) and asked again, every node's bound is the one a
+    fresh pass over what is left gives, to the last bit, for the request and for each workload's own shape."""
+    (state, request), opts = case
+    p = Problem(state, opts)
+    work = Work(p)
+    parts = parts_of(state, [request])
+    singles = [int(w) for w in np.flatnonzero(~p.multi)]
+    shapes = [parts[0], *(Part(-1, p.ws[w].request, p.shape(w), parts[0].eligible) for w in singles[:3])]
+    for _ in range(3):
+        for part in shapes:
+            allowed = data.draw(st.sampled_from((part.eligible, np.ones(len(state.nodes), dtype=bool))))
+            got = ph.lower_bounds(p, work, part, allowed)
+            want = _lower_bounds_fresh(p, work, part, allowed)
+            assert np.array_equal(got, want)
+        left = [w for w in singles if w not in work.moved]
+        if not left:
+            break
+        w = data.draw(st.sampled_from(left))
+        work.release(w)
+        work.moved[w] = (int(p.src[w]), ())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases)
+def test_the_chain_sets_are_the_fitting_ones_of_the_first_sets_in_cost_order(case):
+    """`_chain_sets` hands the chain the sets of a node it would have found fitting among the first
+    CHAIN_SUBSETS of `cheapest_subsets`, in that order, each with the dearest cost seen since the fitting set
+    before it (where the chain's loop stops is decided by those costs); asked again it gives the kept answer."""
+    from gpudefrag.core.capacity import fits_one
+
+    (state, request), opts = case
+    p = Problem(state, opts)
+    work = Work(p)
+    shapes = [parts_of(state, [request])[0].shape, *(p.shape(int(w)) for w in np.flatnonzero(~p.multi))][:4]
+    for c in range(len(state.nodes)):
+        items = ph._movers(p, c, work.moved, -1)
+        assert items == sorted((int(v) for v in p.on_node(c) if p.why_not_movable(int(v)) is None),
+                               key=lambda v: (p.score[v], v))
+        costs = [float(p.score[v]) for v in items]
+        row, cpu, mem = work.free[c].tolist(), int(work.cpu[c]), int(work.mem[c])
+        frees = ph._frees(p, items)
+        for shape in shapes:
+            for max_size in range(1, min(ph.CHAIN_VICTIMS, len(items)) + 1):
+                want, dearest = [], -math.inf
+                for k, sub in enumerate(ph.cheapest_subsets(costs, max_size)):
+                    if k >= ph.CHAIN_SUBSETS:
+                        break
+                    dearest = max(dearest, sum(costs[j] for j in sub))
+                    if fits_one(*ph._without(row, cpu, mem, frees, sub), shape):
+                        want.append((sub, dearest))
+                        dearest = -math.inf
+                got = ph._chain_sets(p, work, c, items, max_size, shape)
+                assert list(got) == want
+                assert ph._chain_sets(p, work, c, items, max_size, shape) is got

@@ -201,35 +201,101 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray,
     Each GPU that must be freed needs at least one workload moved: a whole-GPU workload frees its GPUs at
     score/GPUs each, a shared one at most one GPU for its whole score. The bound is the cheapest fractional
     cover of the missing GPUs by those prices (a fractional knapsack, vectorised over all nodes), and at least
-    the node's cheapest single move."""
-    n = len(p.state.nodes)
+    the node's cheapest single move.
+
+    What depends on the workloads alone (per node: the cheapest price per GPU and move, the GPUs its whole-GPU
+    workloads hold, the GPUs a shared one could vacate; the price order) is made once per problem and score
+    vector (`_bound_base`); a call patches the few nodes whose workloads moved already and redoes only what
+    depends on the free arrays. A chain search asks this hundreds of times per decision, and the scatter
+    (`ufunc.at`) passes over every workload were most of it. The result is the one the passes over what is
+    left give, to the last bit: minima and integer counts do not depend on the order, and the cover costs'
+    running sums over the price order with the moved workloads counted as 0 are those over the order without
+    them (adding 0 changes no float)."""
+    b = _bound_base(p, p.score if scores is None else scores)
+    min_ratio, min_item, capacity, shared = b.min_ratio, b.min_item, b.capacity, b.shared
+    unit_cost, units = b.unit_cost, b.units
+    if work.moved:
+        moved = list(work.moved)
+        min_ratio, min_item, capacity, shared = min_ratio.copy(), min_item.copy(), capacity.copy(), shared.copy()
+        for c in {int(p.src[w]) for w in moved}:
+            kept = [int(v) for v in p.on_node(c) if int(v) not in work.moved]
+            min_ratio[c] = min((b.ratio[v] for v in kept), default=np.inf)
+            min_item[c] = min((b.item[v] for v in kept), default=np.inf)
+            capacity[c] = sum(int(b.holds[v]) for v in kept)
+            shared[c] = False
+            for v in kept:
+                if b.frac[v]:
+                    shared[c, p.gpu0[v]] = True
+        at = b.pos_of[moved]
+        at = at[at >= 0]
+        if len(at):
+            unit_cost, units = unit_cost.copy(), units.copy()
+            unit_cost[at] = 0.0
+            units[at] = 0
     have = (work.free >= part.milli).sum(axis=1)
     need = np.maximum(part.gpus - have, 0)
-    single = ~p.multi
-    if work.moved:
-        single = single.copy()
-        single[list(work.moved)] = False
-    src = p.src[single]
-    gpus = p.gpus[single]
-    score = (p.score if scores is None else scores)[single]
-    ratio = np.where((p.milli[single] >= MILLI) & (gpus > 0), score / np.maximum(gpus, 1), score)
-    min_ratio = np.full(n, np.inf)
-    np.minimum.at(min_ratio, src, ratio)
-    min_item = np.full(n, np.inf)
-    np.minimum.at(min_item, src, score)
-    capacity = np.zeros(n, dtype=np.int64)
-    np.add.at(capacity, src, np.where(p.milli[single] >= MILLI, gpus, 0))
-    shared = np.zeros(work.free.shape, dtype=bool)  # GPUs a shared-GPU workload could vacate
-    frac = (p.milli[single] < MILLI) & (p.gpu0[single] >= 0)
-    shared[src[frac], p.gpu0[single][frac]] = True
     partly = (work.free > 0) & (work.free < MILLI)
     cap_ok = have + capacity + (shared | partly).sum(axis=1) >= part.gpus
     lb = np.maximum(min_item, need * np.where(np.isfinite(min_ratio), min_ratio, 0.0))
-    by_price, units, prices = _price_order(p, p.score if scores is None else scores)
-    if work.moved:
-        by_price = by_price[single[by_price]]
-    lb = np.maximum(lb, _cover_cost(p.src[by_price], units[by_price], prices[by_price], need, n))
+    lb = np.maximum(lb, _cover_cost(b, units, unit_cost, need))
     return np.where(allowed & cap_ok, lb, np.inf)
+
+
+@dataclass
+class _BoundBase:
+    """What `lower_bounds` reads of the workloads alone, for one problem and score vector: per workload its price
+    per GPU freed (`ratio`), its score (`item`, inf for a multi-node one), the GPUs it holds whole (`holds`),
+    whether it shares a GPU it could vacate (`frac`); per node the minima and sums of those over its single-node
+    workloads; and the single-node workloads that can free a GPU in price order (`_price_order`) with their
+    units, units × price and nodes, where each node's run of them starts and ends, and each workload's place
+    in that order (-1: not in it)."""
+
+    ratio: np.ndarray
+    item: np.ndarray
+    holds: np.ndarray
+    frac: np.ndarray
+    min_ratio: np.ndarray
+    min_item: np.ndarray
+    capacity: np.ndarray
+    shared: np.ndarray
+    src: np.ndarray
+    units: np.ndarray
+    unit_cost: np.ndarray
+    price: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    pos_of: np.ndarray
+
+
+def _bound_base(p: Problem, scores: np.ndarray) -> _BoundBase:
+    key = ("bound_base", id(scores))
+    got = p.memo.get(key)
+    if got is not None and got[0] is scores:
+        return got[1]  # type: ignore[no-any-return]
+    n = len(p.state.nodes)
+    single = ~p.multi
+    src, gpus = p.src[single], p.gpus[single]
+    ratio = np.where((p.milli >= MILLI) & (p.gpus > 0), scores / np.maximum(p.gpus, 1), scores)
+    item = np.where(single, scores, np.inf)
+    holds = np.where(single & (p.milli >= MILLI), p.gpus, 0)
+    frac = single & (p.milli < MILLI) & (p.gpu0 >= 0)
+    min_ratio = np.full(n, np.inf)
+    np.minimum.at(min_ratio, src, ratio[single])
+    min_item = np.full(n, np.inf)
+    np.minimum.at(min_item, src, scores[single])
+    capacity = np.zeros(n, dtype=np.int64)
+    np.add.at(capacity, src, np.where(p.milli[single] >= MILLI, gpus, 0))
+    shared = np.zeros(p.state.free_milli.shape, dtype=bool)  # GPUs a shared-GPU workload could vacate
+    shared[p.src[frac], p.gpu0[frac]] = True
+    by_price, units, prices = _price_order(p, scores)
+    s_src = p.src[by_price]
+    pos_of = np.full(len(p.ws), -1, dtype=np.int64)
+    pos_of[by_price] = np.arange(len(by_price))
+    base = _BoundBase(ratio, item, holds, frac, min_ratio, min_item, capacity, shared, s_src, units[by_price],
+                      units[by_price] * prices[by_price], prices[by_price], np.searchsorted(s_src, np.arange(n)),
+                      np.searchsorted(s_src, np.arange(n), side="right"), pos_of)
+    p.memo[key] = (scores, base)
+    return base
 
 
 def _price_order(p: Problem, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -249,19 +315,21 @@ def _price_order(p: Problem, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return got[1], got[2], got[3]
 
 
-def _cover_cost(src: np.ndarray, units: np.ndarray, price: np.ndarray, need: np.ndarray, n: int) -> np.ndarray:
-    """Per node, the cheapest way to buy `need` units from that node's items (each `units` at `price` per
-    unit, the last one fractionally; the items sorted by node, then by price); 0 where nothing is needed, and
-    the whole stock where it is too small (the capacity check rules those nodes out)."""
-    cum_units = np.cumsum(units)
-    cum_cost = np.cumsum(units * price)
-    starts = np.searchsorted(src, np.arange(n))
-    ends = np.searchsorted(src, np.arange(n), side="right")
-    base_units = np.where(starts > 0, cum_units[np.maximum(starts - 1, 0)], 0) if len(src) else np.zeros(n)
-    base_cost = np.where(starts > 0, cum_cost[np.maximum(starts - 1, 0)], 0.0) if len(src) else np.zeros(n)
+def _cover_cost(b: _BoundBase, units: np.ndarray, unit_cost: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """Per node, the cheapest way to buy `need` units from that node's items (each `units` at its price per
+    unit, the last one fractionally; the items of `b`'s price order, sorted by node, then by price; a moved one
+    has 0 units at 0 cost); 0 where nothing is needed, and the whole stock where it is too small (the capacity
+    check rules those nodes out)."""
+    src, starts, ends, price = b.src, b.starts, b.ends, b.price
+    n = len(need)
     out = np.zeros(n)
     if not len(src):
         return out
+    cum_units = np.cumsum(units)
+    cum_cost = np.cumsum(unit_cost)
+    before = np.maximum(starts - 1, 0)
+    base_units = np.where(starts > 0, cum_units[before], 0)
+    base_cost = np.where(starts > 0, cum_cost[before], 0.0)
     want = base_units + need  # the global cumulative count at which node i's need is met
     pos = np.searchsorted(cum_units, want, side="left")
     inside = (need > 0) & (pos < ends)
@@ -365,28 +433,14 @@ def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: in
         c = int(c)
         if work.score + lb[c] + own >= _bar(best, limit):
             break
-        items = [int(v) for v in p.on_node(c)
-                 if int(v) not in work.moved and int(v) != wi and p.why_not_movable(int(v)) is None]
-        items.sort(key=lambda v: (p.score[v], v))
-        costs = [float(p.score[v]) for v in items]
+        items = _movers(p, c, work.moved, wi)
         max_size = min(CHAIN_VICTIMS, work.moves_left() - 1, budget - 1 - int(work.touched[c]), len(items))
-        if max_size <= 0 or work.score + costs[0] + own >= _bar(best, limit):
+        if max_size <= 0 or work.score + float(p.score[items[0]]) + own >= _bar(best, limit):
             continue  # no set, or even the cheapest one (the first tried) costs too much: the loop below ends at once
-        # `work` stays as it is while C's sets are tried (each trial is a clone): its row once, as numbers, and
-        # each set's fit on it in plain Python (the capacity model's release and rollback per set was a third of
-        # the replay in time); no set at all when none within max_size can make room
-        row, cpu0, mem0 = work.free[c].tolist(), int(work.cpu[c]), int(work.mem[c])
-        frees = _frees(p, items)
-        if not _room_within(row, cpu0, mem0, frees, max_size, wshape):
-            continue
         tries = 0
-        for k, sub in enumerate(cheapest_subsets(costs, max_size)):
-            if k >= CHAIN_SUBSETS or tries >= 2:
+        for sub, dearest in _chain_sets(p, work, c, items, max_size, wshape):
+            if tries >= 2 or work.score + dearest + own >= _bar(best, limit):
                 break
-            if work.score + sum(costs[j] for j in sub) + own >= _bar(best, limit):
-                break
-            if not fits_one(*_without(row, cpu0, mem0, frees, sub), wshape):
-                continue
             victims = [items[j] for j in sub]
             tries += 1
             trial = work.clone()
@@ -405,6 +459,48 @@ def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: in
             if trial.score < _bar(best, limit):
                 best = trial
     return best
+
+
+def _movers(p: Problem, c: int, moved: dict[int, tuple[int, tuple[int, ...]]], wi: int) -> list[int]:
+    """Node c's workloads a chain may move out of the way of `wi`: the movable ones not moved yet, cheapest
+    first (ties: workload number). The node's sorted list is made once per problem."""
+    key = ("movers", c)
+    got = p.memo.get(key)
+    if got is None:
+        got = p.memo[key] = sorted((int(v) for v in p.on_node(c) if p.why_not_movable(int(v)) is None),
+                                   key=lambda v: (p.score[v], v))
+    return [v for v in got if v != wi and v not in moved]
+
+
+def _chain_sets(p: Problem, work: Work, c: int, items: list[int], max_size: int,
+                shape: Shape) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """The sets of node c's `items` (indices, cheapest first) a chain tries to move out of the way for `shape`:
+    of the first CHAIN_SUBSETS sets of at most `max_size` in order of cost (`cheapest_subsets`), the ones whose
+    departure makes room on c's row of `work`, in that order, each with the dearest cost of the sets up to it
+    since the one before (the chain stops at the first set, fitting or not, that costs too much: those costs
+    decide where, to the bit). A function of c's row, CPU and memory, the items, `max_size` and `shape`, kept
+    per decision: the chains of one decision ask the same node the same question hundreds of times (the replay
+    in time spent a third of its decisions enumerating and testing these sets in Python)."""
+    row, cpu0, mem0 = work.free[c], int(work.cpu[c]), int(work.mem[c])
+    key = ("chain_sets", c, tuple(items), max_size, shape, row.tobytes(), cpu0, mem0)
+    got = p.memo.get(key)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    out: list[tuple[tuple[int, ...], float]] = []
+    base = row.tolist()
+    frees = _frees(p, items)
+    if _room_within(base, cpu0, mem0, frees, max_size, shape):
+        costs = [float(p.score[v]) for v in items]
+        dearest = -math.inf
+        for k, sub in enumerate(cheapest_subsets(costs, max_size)):
+            if k >= CHAIN_SUBSETS:
+                break
+            dearest = max(dearest, sum(costs[j] for j in sub))
+            if fits_one(*_without(base, cpu0, mem0, frees, sub), shape):
+                out.append((sub, dearest))
+                dearest = -math.inf
+    got = p.memo[key] = tuple(out)
+    return got
 
 
 def _still_to_move(p: Problem, order: list[int], then: float = 0.0) -> list[float]:
@@ -451,18 +547,23 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray,
     attempts = 0
     reason = "no set of its movable workloads makes room"
     best: Work | None = None
+    # the node's row once, as numbers, and each set's fit on it in plain Python (`_without`, `fits_one`: the
+    # capacity model's fit, without a release and rollback per set)
+    row, cpu0, mem0 = work.free[i].tolist(), int(work.cpu[i]), int(work.mem[i])
+    frees = _frees(p, items)
     for k, sub in enumerate(cheapest_subsets(costs, max_size)):
         if k >= SUBSET_LIMIT or attempts >= PLACE_ATTEMPTS:
             break
-        if best is not None and sum(costs[j] for j in sub) >= best.score - work.score - 1e-9:
+        cost = sum(costs[j] for j in sub)
+        if best is not None and cost >= best.score - work.score - 1e-9:
             break  # the sets only get dearer: a chain in the best so far cannot be beaten any more
-        if work.score + sum(costs[j] for j in sub) >= limit:
+        if work.score + cost >= limit:
             if not attempts:
                 reason = "no set of its workloads cheaper than the best plan so far makes room"
             break
-        chosen = [items[j] for j in sub]
-        if not work.fits_without(i, chosen, part.shape):
+        if not fits_one(*_without(row, cpu0, mem0, frees, sub), part.shape):
             continue
+        chosen = [items[j] for j in sub]
         attempts += 1
         f2 = forbid.copy()
         f2[i] = True
