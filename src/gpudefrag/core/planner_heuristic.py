@@ -211,7 +211,18 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray,
     left give, to the last bit: minima and integer counts do not depend on the order, and the cover costs'
     running sums over the price order with the moved workloads counted as 0 are those over the order without
     them (adding 0 changes no float)."""
-    b = _bound_base(p, p.score if scores is None else scores)
+    sc = p.score if scores is None else scores
+    key = ("bounds", id(sc), part.gpus, part.milli, work.free.tobytes(), frozenset(work.moved))
+    kept = p.memo.get(key)
+    if kept is None or kept[0] is not sc:
+        kept = p.memo[key] = (sc, _bounds(p, work, part, _bound_base(p, sc)))
+    return np.where(allowed, kept[1], np.inf)
+
+
+def _bounds(p: Problem, work: Work, part: Part, b: _BoundBase) -> np.ndarray:
+    """`lower_bounds` on every node: a function of the free array, the workloads moved already and the part's
+    GPU count and share, kept per problem (a decision's chains ask the same of the same working state: two
+    calls in five on the replay in time)."""
     min_ratio, min_item, capacity, shared = b.min_ratio, b.min_item, b.capacity, b.shared
     unit_cost, units = b.unit_cost, b.units
     if work.moved:
@@ -232,13 +243,14 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray,
             unit_cost, units = unit_cost.copy(), units.copy()
             unit_cost[at] = 0.0
             units[at] = 0
-    have = (work.free >= part.milli).sum(axis=1)
+    free = work.free
+    have = (free >= part.milli).sum(axis=1)
     need = np.maximum(part.gpus - have, 0)
-    partly = (work.free > 0) & (work.free < MILLI)
+    partly = (free > 0) & (free < MILLI)
     cap_ok = have + capacity + (shared | partly).sum(axis=1) >= part.gpus
     lb = np.maximum(min_item, need * np.where(np.isfinite(min_ratio), min_ratio, 0.0))
     lb = np.maximum(lb, _cover_cost(b, units, unit_cost, need))
-    return np.where(allowed & cap_ok, lb, np.inf)
+    return np.where(cap_ok, lb, np.inf)
 
 
 @dataclass
@@ -343,12 +355,10 @@ def _best_fit(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> int | None
     gpus, milli = int(p.gpus[wi]), int(p.milli[wi])
     mask = p.targets_mask(wi) & ~forbid & work.budget_ok()
     mask[int(p.src[wi])] = False
-    if not mask.any():
+    idx = np.flatnonzero(mask)
+    idx = idx[fits(work.free[idx], work.cpu[idx], work.mem[idx], p.shape(wi))]
+    if not len(idx):
         return None
-    fit = mask & fits(work.free, work.cpu, work.mem, p.shape(wi))
-    if not fit.any():
-        return None
-    idx = np.flatnonzero(fit)
     rows = work.free[idx]
     if gpus == 1 and milli < MILLI:
         left = np.where(rows >= milli, rows - milli, MILLI + 1).min(axis=1)
