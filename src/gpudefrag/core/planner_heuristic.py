@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -497,20 +498,30 @@ def _chain_sets(p: Problem, work: Work, c: int, items: list[int], max_size: int,
     if got is not None:
         return got  # type: ignore[no-any-return]
     out: list[tuple[tuple[int, ...], float]] = []
-    base = row.tolist()
     frees = _frees(p, items)
+    base = row.tolist()
     if _room_within(base, cpu0, mem0, frees, max_size, shape):
-        costs = [float(p.score[v]) for v in items]
         dearest = -math.inf
-        for k, sub in enumerate(cheapest_subsets(costs, max_size)):
-            if k >= CHAIN_SUBSETS:
-                break
-            dearest = max(dearest, sum(costs[j] for j in sub))
+        for sub, cost in _first_sets(p, items, max_size):
+            dearest = max(dearest, cost)
             if fits_one(*_without(base, cpu0, mem0, frees, sub), shape):
                 out.append((sub, dearest))
                 dearest = -math.inf
     got = p.memo[key] = tuple(out)
     return got
+
+
+def _first_sets(p: Problem, items: list[int], max_size: int) -> list[tuple[tuple[int, ...], float]]:
+    """The first CHAIN_SUBSETS sets of at most `max_size` of `items` in order of cost (`cheapest_subsets` on
+    their scores), each with its cost summed as the chain sums it; kept per problem (a node's movers are the
+    same while its row changes)."""
+    key = ("first_sets", tuple(items), max_size)
+    got = p.memo.get(key)
+    if got is None:
+        costs = [float(p.score[v]) for v in items]
+        got = p.memo[key] = [(sub, sum(costs[j] for j in sub))
+                             for sub in itertools.islice(cheapest_subsets(costs, max_size), CHAIN_SUBSETS)]
+    return got  # type: ignore[no-any-return]
 
 
 def _still_to_move(p: Problem, order: list[int], then: float = 0.0) -> list[float]:

@@ -166,7 +166,15 @@ class Problem:
         return got
 
     def excluded_by_compat(self, wi: int, limit: int = 3) -> list[str]:
-        """Why compatible-looking nodes are refused for this workload (for --explain)."""
+        """Why compatible-looking nodes are refused for this workload (for --explain). Kept per problem: a
+        chain search that fails states it for every workload left without room, again and again."""
+        key = ("excluded_by_compat", wi, limit)
+        got = self.memo.get(key)
+        if got is None:
+            got = self.memo[key] = self._excluded_by_compat(wi, limit)
+        return list(got)
+
+    def _excluded_by_compat(self, wi: int, limit: int) -> list[str]:
         mask = ~self.compat_mask(wi) & self.state.schedulable_mask
         out: list[str] = []
         for i in np.flatnonzero(mask)[:limit]:
