@@ -287,8 +287,8 @@ def _bound_base(p: Problem, scores: np.ndarray) -> _BoundBase:
         return got[1]  # type: ignore[no-any-return]
     n = len(p.state.nodes)
     single = ~p.multi
-    src, gpus = p.src[single], p.gpus[single]
-    ratio = np.where((p.milli >= MILLI) & (p.gpus > 0), scores / np.maximum(p.gpus, 1), scores)
+    src = p.src[single]
+    by_price, units, ratio = _price_order(p, scores)  # ratio: every workload's price per GPU freed
     item = np.where(single, scores, np.inf)
     holds = np.where(single & (p.milli >= MILLI), p.gpus, 0)
     frac = single & (p.milli < MILLI) & (p.gpu0 >= 0)
@@ -297,15 +297,14 @@ def _bound_base(p: Problem, scores: np.ndarray) -> _BoundBase:
     min_item = np.full(n, np.inf)
     np.minimum.at(min_item, src, scores[single])
     capacity = np.zeros(n, dtype=np.int64)
-    np.add.at(capacity, src, np.where(p.milli[single] >= MILLI, gpus, 0))
+    np.add.at(capacity, src, holds[single])
     shared = np.zeros(p.state.free_milli.shape, dtype=bool)  # GPUs a shared-GPU workload could vacate
     shared[p.src[frac], p.gpu0[frac]] = True
-    by_price, units, prices = _price_order(p, scores)
     s_src = p.src[by_price]
     pos_of = np.full(len(p.ws), -1, dtype=np.int64)
     pos_of[by_price] = np.arange(len(by_price))
     base = _BoundBase(ratio, item, holds, frac, min_ratio, min_item, capacity, shared, s_src, units[by_price],
-                      units[by_price] * prices[by_price], prices[by_price], np.searchsorted(s_src, np.arange(n)),
+                      units[by_price] * ratio[by_price], ratio[by_price], np.searchsorted(s_src, np.arange(n)),
                       np.searchsorted(s_src, np.arange(n), side="right"), pos_of)
     p.memo[key] = (scores, base)
     return base
@@ -314,18 +313,15 @@ def _bound_base(p: Problem, scores: np.ndarray) -> _BoundBase:
 def _price_order(p: Problem, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The single-node workloads that can free a GPU, by node and then by price per GPU freed (ties: workload
     number), with every workload's units (GPUs it frees) and price: what `_cover_cost` buys from. Made once per
-    problem and score vector: a chain search asks `lower_bounds` hundreds of times per decision and the sort was
-    its largest part. Leaving out the workloads moved already keeps the order of the rest (the sort is stable
-    and the keys are per workload), so the cover costs are those of a sort of what is left, to the last bit."""
-    key = ("price_order", id(scores))
-    got = p.memo.get(key)
-    if got is None or got[0] is not scores:
-        whole = (p.milli >= MILLI) & (p.gpus > 0)
-        prices = np.where(whole, scores / np.maximum(p.gpus, 1), scores)
-        units = np.where(p.milli >= MILLI, p.gpus, 1)
-        idx = np.flatnonzero(~p.multi & (units > 0))
-        got = p.memo[key] = (scores, idx[np.lexsort((prices[idx], p.src[idx]))], units, prices)
-    return got[1], got[2], got[3]
+    problem and score vector, inside `_bound_base` (a chain search asks `lower_bounds` hundreds of times per
+    decision and the sort was its largest part). Leaving out the workloads moved already keeps the order of the
+    rest (the sort is stable and the keys are per workload), so the cover costs are those of a sort of what is
+    left, to the last bit."""
+    whole = (p.milli >= MILLI) & (p.gpus > 0)
+    prices = np.where(whole, scores / np.maximum(p.gpus, 1), scores)
+    units = np.where(p.milli >= MILLI, p.gpus, 1)
+    idx = np.flatnonzero(~p.multi & (units > 0))
+    return idx[np.lexsort((prices[idx], p.src[idx]))], units, prices
 
 
 def _cover_cost(b: _BoundBase, units: np.ndarray, unit_cost: np.ndarray, need: np.ndarray) -> np.ndarray:
