@@ -18,6 +18,7 @@ import random
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from typing import Any
 from common import Row
 from gpudefrag.core.diagnose import diagnose_all
 from gpudefrag.engines.kubernetes import diagnose_kube, load_cluster_state, load_dump
+from gpudefrag.engines.kubernetes.convert import holding
+from gpudefrag.engines.kubernetes.incremental import key_of
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "kubecluster"
 
@@ -404,14 +407,18 @@ def _live(n: int, repeat: int) -> list[Row]:
                             seen[wid] = t
                     pause_until_change(eng, 30.0)
 
-            # when each pod's ADDED event reached the model (the watch thread, under the cache's lock)
+            # when each pod's ADDED event reached the model (the watch thread, under the cache's lock), and what
+            # the watch events from here on were (what a warm cycle has to convert follows from them)
             arrived: dict[str, float] = {}
+            kinds: Counter[str] = Counter()
             model_apply = cache.model.apply
+            t_events = time.monotonic()
 
             def timed_apply(feed: str, typ: str, obj: dict[str, Any]) -> bool:
                 if typ == "ADDED" and feed == "pods":
                     meta = obj.get("metadata") or {}
                     arrived.setdefault(f"{meta.get('namespace')}/{meta.get('name')}", time.perf_counter())
+                kinds[_event_kind(feed, typ, cache.model.raw[feed].get(key_of(obj)), obj)] += 1
                 return model_apply(feed, typ, obj)
 
             cache.model.apply = timed_apply  # type: ignore[method-assign]
@@ -450,6 +457,7 @@ def _live(n: int, repeat: int) -> list[Row]:
             own_watches = own1.get(WATCH_SCHEMA, 0) - own0.get(WATCH_SCHEMA, 0)
             minute = time.monotonic() - t_req
             relists = sum(f.relists for f in cache.feeds.values()) - relists0
+            events_min = time.monotonic() - t_events
             stop.set()
             cache._wake.set()
             th.join(timeout=60)
@@ -482,7 +490,8 @@ def _live(n: int, repeat: int) -> list[Row]:
             "<= 2 s + trigger", lat[2] <= 2.0 and lat[-1] <= 2.0,
             note=f"all: {', '.join(f'{x:.2f}' for x in lat)} s; per pod (in creation order) create call / its "
             f"ADDED event reached the model after / the deciding cycle began after that / took: "
-            f"{', '.join('/'.join(f'{x:.2f}' for x in row) for row in split)} s"),
+            f"{', '.join('/'.join(f'{x:.2f}' for x in row) for row in split)} s; watch events per minute while the "
+            f"loop ran: " + ", ".join(f"{k} {v * 60 / events_min:.0f}" for k, v in kinds.most_common(8))),
         Row("kubernetes", "the controller's own LIST+GET in a steady minute with churn (its FlowSchema)",
             own_reads * 60 / minute, "/min", "0", own_reads == 0 and cold_reads > 0,
             note=f"apiserver_flowcontrol_dispatched_requests_total{{flow_schema={READS_SCHEMA}}}: the controller's "
@@ -494,6 +503,26 @@ def _live(n: int, repeat: int) -> list[Row]:
         Row("kubernetes", "bench process RSS with the controller's model (steady state)", rss, "MiB", "<= 2 GiB",
             rss <= 2048, note=f"{rss - rss0:.0f} MiB more than before the controller started"),
     ]
+
+
+def _event_kind(feed: str, typ: str, old: dict[str, Any] | None, new: dict[str, Any]) -> str:
+    """A watch event by what it makes the live model convert: a node's readiness flip or other change (the node
+    alone unless its GPUs or versions changed), a heartbeat (nothing), a pod's status rewrite (the pod alone), a
+    pod created, bound or deleted (its node's pods)."""
+    if typ != "MODIFIED" or old is None:
+        return f"{feed} {typ.lower()}"
+    if feed == "nodes":
+        def ready(o: dict[str, Any]) -> Any:
+            return [c.get("status") for c in (o.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "Ready"]
+        if ready(old) != ready(new):
+            return "node readiness"
+        same = all(old.get(k) == new.get(k) for k in ("spec",)) and \
+            (old.get("metadata") or {}).get("labels") == (new.get("metadata") or {}).get("labels")
+        return "node heartbeat" if same else "node spec/labels"
+    if feed == "pods":
+        return "pod status rewrite" if holding(old) == holding(new) else "pod spec/binding"
+    return f"{feed} modified"
 
 
 def between_plain(core: Any, churn: Any, n: int) -> None:

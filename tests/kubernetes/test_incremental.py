@@ -5,6 +5,7 @@ there holds what both generate and compare)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -77,9 +78,68 @@ def test_a_cycle_converts_only_what_changed() -> None:
     m.apply("pods", "ADDED", pod("ml", "late", 2, None, 50, 1))
     m.apply("pods", "DELETED", pod("ml", "w3", 1, NODES[0], 3, 0))
     got = m.cluster(NOW)
-    # the new pending pod, and w3's node with its 7 remaining pods: not the other 2 nodes and their 16 pods
-    assert m.conversions - before == 1 + 1 + 7
+    # the new pending pod and the 7 pods left on w3's node: not that node (it did not change), not the other 2
+    # nodes and their 16 pods
+    assert m.conversions - before == 1 + 7
     assert "ml/late" in {w.id for w in got.state.pending} and "ml/w3" not in got.pods
+    assert comparable(got) == comparable(scratch(m))
+
+
+def rewrite_status(m: LiveModel, key: str, ready: bool | None) -> tuple[str, str, dict[str, Any]] | None:
+    """What a kubelet does on its own: the same pod with another Ready condition and container status."""
+    obj = m.raw["pods"].get(key)
+    if obj is None:
+        return None
+    new = copy.deepcopy(obj)
+    new["status"]["conditions"] = [c for c in new["status"].get("conditions", []) if c["type"] != "Ready"]
+    if ready is not None:
+        new["status"]["conditions"].append({"type": "Ready", "status": str(ready)})
+        new["status"]["containerStatuses"] = [{"name": "main", "ready": ready, "restartCount": int(not ready)}]
+    new["metadata"]["resourceVersion"] += "'"
+    return "pods", "MODIFIED", new
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(change(), max_size=10),
+       st.lists(st.one_of(st.tuples(st.just("pod"), st.integers(0, 23), st.sampled_from([None, True, False])),
+                          st.tuples(st.just("node"), st.sampled_from(NODES), st.integers(0, 7)), change()),
+                min_size=1, max_size=16))
+def test_status_rewrites_and_node_flips_equal_a_conversion_from_scratch(before: list[Any], after: list[Any]) -> None:
+    """Pods converted alone (their Ready condition rewritten) and nodes converted without their pods (readiness,
+    taints, cordon), mixed with any other churn: still what a conversion from scratch gives."""
+    m = fresh()
+    for i in range(24):
+        m.apply("pods", "ADDED", pod("ml", f"w{i}", 1 + i % 2, NODES[i % 3], i, 0))
+    for ch in before:
+        m.apply(*ch)
+    outcome(lambda: m.cluster(NOW))
+    for ch in after:
+        if ch[0] == "pod":
+            ch = rewrite_status(m, f"ml/w{ch[1]}", ch[2])
+        elif ch[0] == "node":
+            ch = ("nodes", "MODIFIED", node(ch[1], 8, ch[2]))
+        if ch is not None:
+            m.apply(*ch)
+        assert outcome(lambda: m.cluster(NOW)) == outcome(lambda: scratch(m))
+
+
+def test_a_status_rewrite_or_a_readiness_flip_converts_one_object() -> None:
+    m = fresh()
+    for i in range(24):
+        m.apply("pods", "ADDED", pod("ml", f"w{i}", 1, NODES[i % 3], i, 0))
+    m.cluster(NOW)
+    before = m.conversions
+    m.apply(*rewrite_status(m, "ml/w3", False))  # type: ignore[misc]
+    got = m.cluster(NOW)
+    assert m.conversions - before == 1 and not got.pods["ml/w3"].ready  # the pod alone, not its 7 neighbours
+    before = m.conversions
+    m.apply("nodes", "MODIFIED", node(NODES[0], 8, 6))  # NotReady: its pods read nothing that changed
+    got = m.cluster(NOW)
+    assert m.conversions - before == 1 and not got.state.node(NODES[0]).schedulable
+    before = m.conversions
+    m.apply("nodes", "MODIFIED", node(NODES[0], 8, 1))  # another GPU model: every pod on it takes the new one
+    got = m.cluster(NOW)
+    assert m.conversions - before == 1 + 8
     assert comparable(got) == comparable(scratch(m))
 
 

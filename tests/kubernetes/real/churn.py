@@ -46,7 +46,9 @@ def node(name: str, gpus: int, variant: int) -> dict[str, Any]:
                        "conditions": [{"type": "Ready", "status": "False" if variant == 6 else "True"}]}}
 
 
-def pod(ns: str, name: str, gpus: int, node_name: str | None, created: int, variant: int) -> dict[str, Any]:
+def pod(ns: str, name: str, gpus: int, node_name: str | None, created: int, variant: int,
+        ready: bool | None = None) -> dict[str, Any]:
+    """`ready`: a bound pod's Ready condition (None: none yet) — what a kubelet rewrites on its own."""
     req: dict[str, str] = {"cpu": "1", "memory": "1Gi"}
     if gpus:
         req["nvidia.com/gpu"] = str(gpus)
@@ -64,6 +66,8 @@ def pod(ns: str, name: str, gpus: int, node_name: str | None, created: int, vari
     if not node_name and variant % 2:
         status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                  "message": f"0/5 nodes are available: {variant} Insufficient nvidia.com/gpu."}]
+    if node_name and ready is not None:
+        status["conditions"] = [{"type": "Ready", "status": str(ready)}]
     meta: dict[str, Any] = {"name": name, "namespace": ns, "uid": f"u-{ns}-{name}", "resourceVersion": str(variant),
                             "creationTimestamp": stamp(created), "labels": {"app": name}}
     if variant == 2:
@@ -129,7 +133,7 @@ def change(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
     elif kind == "Pod":
         where = draw(st.one_of(st.none(), st.sampled_from([*NODES, "gone-node"])))
         obj = pod(draw(st.sampled_from(NAMESPACES)), draw(st.sampled_from(PODS)), draw(st.integers(0, 4)), where,
-                  draw(st.integers(0, 3)), variant)
+                  draw(st.integers(0, 3)), variant, draw(st.sampled_from([None, True, False])))
     elif kind == "Event":
         reason = feed.split()[1]
         obj = event(draw(st.sampled_from(NAMESPACES)), draw(st.sampled_from(PODS)), reason, draw(st.integers(0, 9)),

@@ -470,6 +470,23 @@ def finish(source: str, nodes: list[Node], workloads: list[Workload], infos: dic
                        tuple(at.value for at in pdbs))
 
 
+def pods_read(node: Node) -> tuple[Any, ...]:
+    """What of its node a pod's conversion (`_pod`, `_cpu_pod`: beside their existence) reads: the GPUs `assign`
+    hands out and the versions a running pod takes. A node change that leaves this the same (readiness, taints,
+    labels, a heartbeat) leaves its pods' conversions the same, so the live model converts only the node again."""
+    return (node.gpu_count, node.usable_gpus, node.gpu_model, node.driver_version, node.cuda_version, node.cpu_arch)
+
+
+def holding(pod: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a Pod object decides the GPUs it is handed among its node's pods (`_Builder.assign` in creation
+    order): its spec (node, requests, claims), creation time, whether it finished, its claims' names. A change that
+    leaves this the same (readiness, container statuses, conditions, annotations) leaves every other pod's GPUs
+    the same: the live model converts that pod alone again, keeping the GPUs it held."""
+    status = pod.get("status") or {}
+    return (pod.get("spec"), (pod.get("metadata") or {}).get("creationTimestamp"),
+            status.get("phase") in _DONE_PHASES, status.get("resourceClaimStatuses"))
+
+
 def _pod(
     b: _Builder, at: At, meta: At, created: float, nodes: Mapping[str, Node], dra: DraInventory,
     latest: Mapping[tuple[str, str, str], EventInfo],

@@ -5,10 +5,12 @@ cycles a handful of objects change. `LiveModel` holds each kind's objects as the
 (one store: the raw objects, which `PodInfo.raw` and `KubeCluster.raw_nodes` reference, not copy) and what each
 converted to, and re-converts at the next `cluster()` only what a change can affect:
 
-- a node: its own conversion, and the pods bound to it (a pod's GPU indices are handed out in creation order
-  among the pods of its node, and a pod takes its versions from its node) — unless only what the conversion
-  does not read changed (a heartbeat): then only the raw object is replaced;
-- a pod: the group of the node it is (or was) bound to, or itself when unbound;
+- a node: its own conversion — unless only what the conversion does not read changed (a heartbeat): then only
+  the raw object is replaced; and the pods bound to it when what they read of it changed (`pods_read`: a pod's
+  GPU indices are handed out in creation order among the pods of its node, and a pod takes its versions from
+  its node), not when only its readiness, taints or labels did;
+- a pod: the group of the node it is (or was) bound to, or itself when unbound; itself alone, keeping its GPUs,
+  when what decides its GPUs did not change (`holding`: a readiness or container status change);
 - DRA slices/claims: the nodes whose GPU inventory changed, the pods whose claims changed;
 - scheduling events: the unbound pods whose newest event changed (bound pods do not read events);
 - quotas, PDBs, the autoscaler's ConfigMap and the quota-refused controllers are small: rebuilt when changed.
@@ -42,9 +44,11 @@ from .convert import (
     _OwnerState,
     _pod,
     finish,
+    holding,
     latest_events,
     node_from,
     pod_order,
+    pods_read,
 )
 from .dra import DraInventory, read_dra
 from .dump import KubeObjects
@@ -119,7 +123,9 @@ class LiveModel:
         # (None when a pod changed)
         self._keys: list[tuple[float, str, str]] = []
         self._order: list[_Converted] | None = None
-        self._dirty_nodes: set[str] = set()
+        self._dirty_nodes: set[str] = set()  # nodes to convert again
+        self._dirty_groups: set[str] = set()  # nodes whose pods to convert again
+        self._dirty_alone: set[str] = set()  # bound pods to convert again alone, keeping their GPUs
         self._dirty_pending: set[str] = set()
         self._dirty_kinds: set[str] = set()
         self.conversions = 0  # nodes and pods converted so far (what the property test and benchmark read)
@@ -182,12 +188,15 @@ class LiveModel:
 
     def _pod_changed(self, k: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
         was, now = _bound_to(old), _bound_to(new)
+        if old is not None and new is not None and was is not None and was == now and holding(old) == holding(new):
+            self._dirty_alone.add(k)
+            return _pod_signal(old) != _pod_signal(new)
         if was is not None:
             self._on.get(was, set()).discard(k)
-            self._dirty_nodes.add(was)
+            self._dirty_groups.add(was)
         if now is not None and new is not None:
             self._on.setdefault(now, set()).add(k)
-            self._dirty_nodes.add(now)
+            self._dirty_groups.add(now)
         if was is None or now is None:
             self._dirty_pending.add(k)
         if new is None:
@@ -224,7 +233,7 @@ class LiveModel:
             obj = next((self.raw[f][k] for f in pods if k in self.raw[f]), None)
             node = _bound_to(obj)
             if node is not None:
-                self._dirty_nodes.add(node)
+                self._dirty_groups.add(node)
             elif obj is not None:
                 self._dirty_pending.add(k)
 
@@ -280,8 +289,10 @@ class LiveModel:
         assert i < len(self._keys) and self._keys[i] == order, "the conversion order lost a pod"
         del self._keys[i]
 
-    def _refresh_node(self, name: str) -> None:
+    def _refresh_node(self, name: str) -> bool:
+        """Convert one node again; True when its pods must be converted again too."""
         obj = next((self.raw[f][f"/{name}"] for f in self._feeds("Node") if f"/{name}" in self.raw[f]), None)
+        before = self._nodes.get(name)
         if obj is None:
             self._nodes.pop(name, None)
             self._raw_nodes.pop(name, None)
@@ -289,9 +300,25 @@ class LiveModel:
             self._nodes[name] = node_from(self._at("nodes", f"/{name}", obj), self._dra)
             self._raw_nodes[name] = obj
             self.conversions += 1
+        after = self._nodes.get(name)
+        return before is None or after is None or pods_read(before) != pods_read(after)
+
+    def _convert_group(self, name: str) -> None:
+        """The pods bound to a node, in creation order, each handed its GPUs after the ones before it."""
         node = self._nodes.get(name)
         self._convert_pods(_Builder(None, strict=False), sorted(self._on.get(name, ())),  # type: ignore[arg-type]
                            {name: node} if node is not None else {})
+
+    def _convert_alone(self, k: str, name: str) -> bool:
+        """A pod bound to node `name` whose GPUs cannot have changed (`holding`), converted again alone and
+        handed the GPUs it held; False when it must go with its node's group (it held none: skipped, finished)."""
+        node, old = self._nodes.get(name), self._pods.get(k)
+        if node is None or old is None or old.workload is None or not old.workload.placements:
+            return False
+        b = _Builder(None, strict=False)  # type: ignore[arg-type]
+        b.used[name] = set(range(node.gpu_count)) - set(old.workload.placements[0].gpus)
+        self._convert_pods(b, (k,), {name: node})
+        return True
 
     def cluster(self, now: float, warnings: Iterable[str] = (), notes: Iterable[str] = ()) -> KubeCluster:
         """The `KubeCluster` now: what changed since the last call converted, the rest reused. A conversion
@@ -310,8 +337,17 @@ class LiveModel:
                 self._owners = _owners(objs)
                 self._dirty_kinds.discard("owners")
             for name in sorted(self._dirty_nodes):
-                self._refresh_node(name)
+                if self._refresh_node(name):
+                    self._dirty_groups.add(name)
                 self._dirty_nodes.discard(name)
+            for k in sorted(self._dirty_alone):
+                node = _bound_to(self._pod_raw(k))
+                if node is not None and node not in self._dirty_groups and not self._convert_alone(k, node):
+                    self._dirty_groups.add(node)
+                self._dirty_alone.discard(k)
+            for name in sorted(self._dirty_groups):
+                self._convert_group(name)
+                self._dirty_groups.discard(name)
             pending = [k for k in self._dirty_pending if _bound_to(self._pod_raw(k)) is None]
             for k in self._dirty_pending:
                 if self._pod_raw(k) is None:
