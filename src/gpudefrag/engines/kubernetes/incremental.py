@@ -119,10 +119,11 @@ class LiveModel:
         self._claimers: set[str] = set()  # pods with DRA claims
         self._pods: dict[str, _Converted] = {}
         # the conversion order: every pod's (creation time, name, key), kept sorted as pods come and go (a full
-        # sort of 40,000 pods was a sixth of a warm cycle at 5,000 nodes), and the converted pods in that order
-        # (None when a pod changed)
+        # sort of 40,000 pods was a sixth of a warm cycle at 5,000 nodes), and the workloads, pod infos and
+        # warnings in that order (None when a pod changed: a cycle where only nodes changed, most of them at
+        # 5,000 nodes, reuses them)
         self._keys: list[tuple[float, str, str]] = []
-        self._order: list[_Converted] | None = None
+        self._lists: tuple[list[Workload], dict[str, PodInfo], list[str]] | None = None
         self._dirty_nodes: set[str] = set()  # nodes to convert again
         self._dirty_groups: set[str] = set()  # nodes whose pods to convert again
         self._dirty_alone: set[str] = set()  # bound pods to convert again alone, keeping their GPUs
@@ -275,14 +276,15 @@ class LiveModel:
                 bisect.insort(self._keys, (created, name, k))
             self._pods[k] = _Converted((created, name, k), w, info, tuple(b.warnings[before:]))
             self.conversions += 1
-        self._order = None
+        if parsed:  # a cycle with no pod converted (only nodes changed) keeps the ordered list of 40,000
+            self._lists = None
 
     def _forget(self, k: str) -> None:
         """A pod gone: out of the converted pods and the conversion order."""
         old = self._pods.pop(k, None)
         if old is not None:
             self._unkey(old.order)
-            self._order = None
+            self._lists = None
 
     def _unkey(self, order: tuple[float, str, str]) -> None:
         i = bisect.bisect_left(self._keys, order)
@@ -356,17 +358,16 @@ class LiveModel:
             self._dirty_pending.clear()
             if not self._nodes:
                 raise InputError("cluster", self.where, "the cluster reports no nodes")
-            if self._order is None:
+            if self._lists is None:
                 pods = self._pods
-                self._order = [pods[k] for _, _, k in self._keys]
-            workloads: list[Workload] = []
-            infos: dict[str, PodInfo] = {}
-            warned: list[str] = []
-            for c in self._order:
-                warned.extend(c.warnings)
-                if c.workload is not None and c.info is not None:
-                    workloads.append(c.workload)
-                    infos[c.workload.id] = c.info
+                self._lists = ([], {}, [])
+                for _, _, k in self._keys:
+                    c = pods[k]
+                    self._lists[2].extend(c.warnings)
+                    if c.workload is not None and c.info is not None:
+                        self._lists[0].append(c.workload)
+                        self._lists[1][c.workload.id] = c.info
+            workloads, infos, warned = list(self._lists[0]), dict(self._lists[1]), list(self._lists[2])
             nodes = [self._nodes[n] for n in sorted(self._nodes)]
             cluster = finish(self.source, nodes, workloads, infos, self._latest, self._ats("ResourceQuota"),
                              self._ats("PodDisruptionBudget"), self._ats("ConfigMap"), self._events, warned,
