@@ -43,6 +43,14 @@ def fresh() -> LiveModel:
     return m
 
 
+def loaded(mixed: bool = False) -> LiveModel:
+    """A fresh model with 24 running pods, 8 on each node: 1 GPU each, or 1 and 2 in turn (`mixed`)."""
+    m = fresh()
+    for i in range(24):
+        m.apply("pods", "ADDED", pod("ml", f"w{i}", 1 + (i % 2 if mixed else 0), NODES[i % 3], i, 0))
+    return m
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(change(), min_size=1, max_size=8), min_size=1, max_size=10))
 def test_every_cycle_equals_a_conversion_from_scratch(batches: list[list[tuple[str, str, dict[str, Any]]]]) -> None:
@@ -70,9 +78,7 @@ def test_a_relist_applies_the_difference(before: list[Any], after: list[Any]) ->
 
 
 def test_a_cycle_converts_only_what_changed() -> None:
-    m = fresh()
-    for i in range(24):
-        m.apply("pods", "ADDED", pod("ml", f"w{i}", 1, NODES[i % 3], i, 0))
+    m = loaded()
     m.cluster(NOW)
     before = m.conversions
     m.apply("pods", "ADDED", pod("ml", "late", 2, None, 50, 1))
@@ -107,9 +113,7 @@ def rewrite_status(m: LiveModel, key: str, ready: bool | None) -> tuple[str, str
 def test_status_rewrites_and_node_flips_equal_a_conversion_from_scratch(before: list[Any], after: list[Any]) -> None:
     """Pods converted alone (their Ready condition rewritten) and nodes converted without their pods (readiness,
     taints, cordon), mixed with any other churn: still what a conversion from scratch gives."""
-    m = fresh()
-    for i in range(24):
-        m.apply("pods", "ADDED", pod("ml", f"w{i}", 1 + i % 2, NODES[i % 3], i, 0))
+    m = loaded(mixed=True)
     for ch in before:
         m.apply(*ch)
     outcome(lambda: m.cluster(NOW))
@@ -124,9 +128,7 @@ def test_status_rewrites_and_node_flips_equal_a_conversion_from_scratch(before: 
 
 
 def test_a_status_rewrite_or_a_readiness_flip_converts_one_object() -> None:
-    m = fresh()
-    for i in range(24):
-        m.apply("pods", "ADDED", pod("ml", f"w{i}", 1, NODES[i % 3], i, 0))
+    m = loaded()
     m.cluster(NOW)
     before = m.conversions
     m.apply(*rewrite_status(m, "ml/w3", False))  # type: ignore[misc]
