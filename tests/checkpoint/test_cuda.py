@@ -65,14 +65,18 @@ def test_process_tree_finds_descendants() -> None:
     p = subprocess.Popen([sys.executable, "-c", "import subprocess,sys,time; "
                           "c=subprocess.Popen(['sleep','30']); time.sleep(30)"])
     try:
+        def cmdline(pid: int) -> str:
+            return Path(f"/proc/{pid}/cmdline").read_text()
+
+        # the child is in the tree from its fork; its cmdline reads empty until its exec of `sleep` is done (a
+        # loaded machine showed that window), so wait for both
         deadline = time.monotonic() + 10
         tree = cuda.process_tree(p.pid)
-        while len(tree) < 2 and time.monotonic() < deadline:
+        while (len(tree) < 2 or not cmdline(tree[1]).startswith("sleep")) and time.monotonic() < deadline:
             time.sleep(0.05)
             tree = cuda.process_tree(p.pid)
         assert tree[0] == p.pid and len(tree) == 2
-        child = tree[1]
-        assert Path(f"/proc/{child}/cmdline").read_text().startswith("sleep")
+        assert cmdline(tree[1]).startswith("sleep")
     finally:
         for pid in cuda.process_tree(p.pid)[::-1]:
             subprocess.run(["kill", "-9", str(pid)])
