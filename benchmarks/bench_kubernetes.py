@@ -27,7 +27,7 @@ from common import Row
 from gpudefrag.core.diagnose import diagnose_all
 from gpudefrag.engines.kubernetes import diagnose_kube, load_cluster_state, load_dump
 from gpudefrag.engines.kubernetes.convert import holding
-from gpudefrag.engines.kubernetes.incremental import key_of
+from gpudefrag.engines.kubernetes.incremental import key_of, node_ready, node_signal
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "kubecluster"
 
@@ -512,14 +512,9 @@ def _event_kind(feed: str, typ: str, old: dict[str, Any] | None, new: dict[str, 
     if typ != "MODIFIED" or old is None:
         return f"{feed} {typ.lower()}"
     if feed == "nodes":
-        def ready(o: dict[str, Any]) -> Any:
-            return [c.get("status") for c in (o.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "Ready"]
-        if ready(old) != ready(new):
+        if node_ready(old) != node_ready(new):
             return "node readiness"
-        same = all(old.get(k) == new.get(k) for k in ("spec",)) and \
-            (old.get("metadata") or {}).get("labels") == (new.get("metadata") or {}).get("labels")
-        return "node heartbeat" if same else "node spec/labels"
+        return "node heartbeat" if node_signal(old) == node_signal(new) else "node spec/labels/capacity"
     if feed == "pods":
         return "pod status rewrite" if holding(old) == holding(new) else "pod spec/binding"
     return f"{feed} modified"

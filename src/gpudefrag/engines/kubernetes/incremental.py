@@ -77,14 +77,18 @@ def _pod_signal(pod: Mapping[str, Any]) -> tuple[Any, ...]:
             (pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def _node_signal(node: Mapping[str, Any]) -> tuple[Any, ...]:
+def node_ready(node: Mapping[str, Any]) -> Any:
+    """The status of a Node object's Ready condition (None: it has none)."""
+    return next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
+                 if isinstance(c, dict) and c.get("type") == "Ready"), None)
+
+
+def node_signal(node: Mapping[str, Any]) -> tuple[Any, ...]:
     """Everything of a node its conversion reads (labels, spec, capacity, readiness, nodeInfo): not its
     heartbeats, which KWOK and kubelets write every few seconds on every node."""
     meta, status = node.get("metadata") or {}, node.get("status") or {}
-    ready = next((c.get("status") for c in status.get("conditions") or [] if isinstance(c, dict)
-                  and c.get("type") == "Ready"), None)
-    return (meta.get("labels"), node.get("spec"), status.get("capacity"), status.get("allocatable"), ready,
-            status.get("nodeInfo"))
+    return (meta.get("labels"), node.get("spec"), status.get("capacity"), status.get("allocatable"),
+            node_ready(node), status.get("nodeInfo"))
 
 
 @dataclass(slots=True)
@@ -174,11 +178,11 @@ class LiveModel:
         if kind == "Node":
             name = (obj.get("metadata") or {}).get("name") or ""
             if old is not None and new is not None and name in self._raw_nodes and name not in self._dirty_nodes \
-                    and _node_signal(old) == _node_signal(new):
+                    and node_signal(old) == node_signal(new):
                 self._raw_nodes[name] = new  # a heartbeat: the same conversion; only the raw object is newer
                 return False
             self._dirty_nodes.add(name)
-            return old is None or new is None or _node_signal(old) != _node_signal(new)
+            return old is None or new is None or node_signal(old) != node_signal(new)
         if kind in ("ResourceSlice", "ResourceClaim"):
             self._dirty_kinds.add("dra")
         elif kind == "Event":
@@ -360,14 +364,17 @@ class LiveModel:
                 raise InputError("cluster", self.where, "the cluster reports no nodes")
             if self._lists is None:
                 pods = self._pods
-                self._lists = ([], {}, [])
+                workloads: list[Workload] = []
+                infos: dict[str, PodInfo] = {}
+                warned: list[str] = []
                 for _, _, k in self._keys:
                     c = pods[k]
-                    self._lists[2].extend(c.warnings)
+                    warned.extend(c.warnings)
                     if c.workload is not None and c.info is not None:
-                        self._lists[0].append(c.workload)
-                        self._lists[1][c.workload.id] = c.info
-            workloads, infos, warned = list(self._lists[0]), dict(self._lists[1]), list(self._lists[2])
+                        workloads.append(c.workload)
+                        infos[c.workload.id] = c.info
+                self._lists = (workloads, infos, warned)
+            workloads, infos, warned = self._lists  # finish() copies what it adds to, so they stay the model's
             nodes = [self._nodes[n] for n in sorted(self._nodes)]
             cluster = finish(self.source, nodes, workloads, infos, self._latest, self._ats("ResourceQuota"),
                              self._ats("PodDisruptionBudget"), self._ats("ConfigMap"), self._events, warned,
