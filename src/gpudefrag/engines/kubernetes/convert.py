@@ -18,10 +18,12 @@ Mapping (documented in docs/kubernetes.md):
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from itertools import compress, repeat
 from types import MappingProxyType
 from typing import Any
 
@@ -423,16 +425,21 @@ def pod_order(at: At) -> tuple[float, str, At]:
     return (created if created is not None else float("inf")), meta.req_str("name"), meta
 
 
+_STATE_OF = operator.attrgetter("state")
+
+
 def finish(source: str, nodes: list[Node], workloads: list[Workload], infos: dict[str, PodInfo],
            latest: Mapping[tuple[str, str, str], EventInfo], quotas: list[At], pdbs: list[At],
            configmaps: list[At], events: list[EventInfo], warnings: list[str], *, now: float,
            ignored: Mapping[str, int], raw_nodes: Mapping[str, Mapping[str, Any]],
-           owners: Mapping[tuple[str, str, str], _OwnerState] | None) -> KubeCluster:
+           owners: Mapping[tuple[str, str, str], _OwnerState] | None,
+           previous: ClusterState | None = None) -> KubeCluster:
     """The `KubeCluster` of converted nodes and pods (in conversion order) and the cluster-wide objects: pending
     workloads for controllers whose pods the quota refused (checked against `owners`, the ReplicaSets and Jobs,
-    when they were listed: `_owners`), quotas, PDBs, node groups, the validated state."""
-    owners_pending = {(i.namespace, i.owner.kind, i.owner.name) for w in workloads if not w.is_running
-                      and (i := infos[w.id]).owner}
+    when they were listed: `_owners`), quotas, PDBs, node groups, the validated state (`previous`: the state
+    before, whose unchanged workloads' columns and verdicts carry over: `ClusterState.build`)."""
+    waiting = compress(workloads, map(operator.is_not, map(_STATE_OF, workloads), repeat(WorkloadState.RUNNING)))
+    owners_pending = {(i.namespace, i.owner.kind, i.owner.name) for w in waiting if (i := infos[w.id]).owner}
     workloads = list(workloads)
     infos = dict(infos)
     for (_key, kind, reason), e in sorted(latest.items()):
@@ -462,7 +469,8 @@ def finish(source: str, nodes: list[Node], workloads: list[Workload], infos: dic
     warnings.extend(group_warn)
     node_groups = _node_groups(groups, nodes)
     try:
-        state = ClusterState.build(nodes, workloads, quotas=qs, node_groups=node_groups, now=now, name=source)
+        state = ClusterState.build(nodes, workloads, quotas=qs, node_groups=node_groups, now=now, name=source,
+                                   previous=previous)
     except ModelError as e:
         raise InputError(source, e.path, e.message) from None
     return KubeCluster(state, MappingProxyType(infos), pdb_infos, tuple(events), tuple(groups), tuple(warnings),

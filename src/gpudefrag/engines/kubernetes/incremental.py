@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.model import Node, Workload
+from ...core.model import ClusterState, Node, Workload
 from ...errors import InputError
 from ...fileio import bulk_allocation
 from .access import At
@@ -122,12 +122,17 @@ class LiveModel:
         self._on: dict[str, set[str]] = {}  # node name -> keys of the pods bound to it
         self._claimers: set[str] = set()  # pods with DRA claims
         self._pods: dict[str, _Converted] = {}
-        # the conversion order: every pod's (creation time, name, key), kept sorted as pods come and go (a full
-        # sort of 40,000 pods was a sixth of a warm cycle at 5,000 nodes), and the workloads, pod infos and
-        # warnings in that order (None when a pod changed: a cycle where only nodes changed, most of them at
-        # 5,000 nodes, reuses them)
-        self._keys: list[tuple[float, str, str]] = []
-        self._lists: tuple[list[Workload], dict[str, PodInfo], list[str]] | None = None
+        # the workloads in the conversion order (pods by creation time, name, key), kept sorted as pods come,
+        # change and go, beside their (creation time, name, key): a rebuild of the ordered list of 40,000 every
+        # cycle a pod changed was a third of a warm cycle at 5,000 nodes; the pod infos by workload id, and the
+        # warnings of the (few) pods that warned, by key
+        self._order: list[tuple[float, str, str]] = []
+        self._workloads: list[Workload] = []
+        self._infos: dict[str, PodInfo] = {}
+        self._warned: dict[str, tuple[tuple[float, str, str], tuple[str, ...]]] = {}
+        # the last state built: the next one carries its unchanged workloads' columns and filter verdicts over
+        # (`ClusterState.build(previous=...)`) instead of gathering and checking 40,000 workloads again
+        self._state: ClusterState | None = None
         self._dirty_nodes: set[str] = set()  # nodes to convert again
         self._dirty_groups: set[str] = set()  # nodes whose pods to convert again
         self._dirty_alone: set[str] = set()  # bound pods to convert again alone, keeping their GPUs
@@ -274,26 +279,35 @@ class LiveModel:
             before = len(b.warnings)
             w, info = _pod(b, at, meta, created, nodes, self._dra, self._latest)
             old = self._pods.get(k)
-            if old is None or old.order != (created, name, k):
-                if old is not None:
-                    self._unkey(old.order)
-                bisect.insort(self._keys, (created, name, k))
-            self._pods[k] = _Converted((created, name, k), w, info, tuple(b.warnings[before:]))
+            if old is not None:
+                self._unlist(old)
+            c = self._pods[k] = _Converted((created, name, k), w, info, tuple(b.warnings[before:]))
+            self._list(c)
             self.conversions += 1
-        if parsed:  # a cycle with no pod converted (only nodes changed) keeps the ordered list of 40,000
-            self._lists = None
 
     def _forget(self, k: str) -> None:
-        """A pod gone: out of the converted pods and the conversion order."""
+        """A pod gone: out of the converted pods and the ordered lists."""
         old = self._pods.pop(k, None)
         if old is not None:
-            self._unkey(old.order)
-            self._lists = None
+            self._unlist(old)
 
-    def _unkey(self, order: tuple[float, str, str]) -> None:
-        i = bisect.bisect_left(self._keys, order)
-        assert i < len(self._keys) and self._keys[i] == order, "the conversion order lost a pod"
-        del self._keys[i]
+    def _list(self, c: _Converted) -> None:
+        """Into the ordered lists `cluster()` hands on."""
+        if c.workload is not None and c.info is not None:
+            i = bisect.bisect_left(self._order, c.order)
+            self._order.insert(i, c.order)
+            self._workloads.insert(i, c.workload)
+            self._infos[c.workload.id] = c.info
+        if c.warnings:
+            self._warned[c.order[2]] = (c.order, c.warnings)
+
+    def _unlist(self, c: _Converted) -> None:
+        if c.workload is not None and c.info is not None:
+            i = bisect.bisect_left(self._order, c.order)
+            assert i < len(self._order) and self._order[i] == c.order, "the conversion order lost a pod"
+            del self._order[i], self._workloads[i]
+            self._infos.pop(c.workload.id, None)
+        self._warned.pop(c.order[2], None)
 
     def _refresh_node(self, name: str) -> bool:
         """Convert one node again; True when its pods must be converted again too."""
@@ -362,23 +376,14 @@ class LiveModel:
             self._dirty_pending.clear()
             if not self._nodes:
                 raise InputError("cluster", self.where, "the cluster reports no nodes")
-            if self._lists is None:
-                pods = self._pods
-                workloads: list[Workload] = []
-                infos: dict[str, PodInfo] = {}
-                warned: list[str] = []
-                for _, _, k in self._keys:
-                    c = pods[k]
-                    warned.extend(c.warnings)
-                    if c.workload is not None and c.info is not None:
-                        workloads.append(c.workload)
-                        infos[c.workload.id] = c.info
-                self._lists = (workloads, infos, warned)
-            workloads, infos, warned = self._lists  # finish() copies what it adds to, so they stay the model's
+            # finish() copies what it adds to, so the lists stay the model's
+            warned = [w for _, ws in sorted(self._warned.values()) for w in ws]
             nodes = [self._nodes[n] for n in sorted(self._nodes)]
-            cluster = finish(self.source, nodes, workloads, infos, self._latest, self._ats("ResourceQuota"),
+            cluster = finish(self.source, nodes, self._workloads, self._infos, self._latest, self._ats("ResourceQuota"),
                              self._ats("PodDisruptionBudget"), self._ats("ConfigMap"), self._events, warned,
-                             now=now, ignored={}, raw_nodes=self._raw_nodes, owners=self._owners)
+                             now=now, ignored={}, raw_nodes=self._raw_nodes, owners=self._owners,
+                             previous=self._state)
+            self._state = cluster.state
         extra, said = tuple(warnings), tuple(dict.fromkeys(notes))
         if extra or said:
             cluster = dataclasses.replace(cluster, warnings=cluster.warnings + extra, notes=said)
