@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudefrag.core.model import ClusterState, ModelError, Node, Placement, Request, Workload, WorkloadState
+from gpudefrag.core.model import (
+    CARRIED_FILTERS,
+    ClusterState,
+    ModelError,
+    Node,
+    Placement,
+    Request,
+    Workload,
+    WorkloadState,
+)
 
 
 def _workload(draw, j: int, nodes: list[Node]) -> Workload:
@@ -135,3 +144,16 @@ def test_a_state_that_was_never_validated_is_not_carried_from() -> None:
     _ = unchecked.running_rows
     with pytest.raises(ModelError, match="out of range"):
         ClusterState.build(nodes, [bad], previous=unchecked)
+
+
+def test_only_the_last_few_filters_are_carried_on() -> None:
+    """A caller that makes a new filter object every cycle (the controller, where wrappers come and go) must not
+    make every later state carry the verdicts of all the filters it ever made."""
+    nodes = [Node("n0", 8)]
+    ws = [Workload(f"w{i}", Request(0), placements=(Placement("n0", ()),)) for i in range(10)]
+    state = ClusterState.build(nodes, ws)
+    for cycle in range(20):
+        state.may_move(lambda w, k=cycle: int(w.id[1:]) % 2 == k % 2)
+        state = ClusterState.build(nodes, ws, previous=state)
+        carried = [k for k in state.memo if isinstance(k, tuple) and k[0] == "may_move.carried"]
+        assert len(carried) <= CARRIED_FILTERS

@@ -22,6 +22,7 @@ from .columns import Columns, carry, gather, movable_flags, rows_from, same_obje
 
 MILLI = 1000  # milli-GPU in one whole GPU
 MAX_AMOUNT = 2**40  # per node or request, CPU millicores and memory MiB: sums over a million nodes fit in int64
+CARRIED_FILTERS = 4  # a state built from the previous one carries the verdicts of at most this many filters
 NOT_TRACKED = np.iinfo(np.int64).max // 4  # CPU or memory free on a node that does not track it (never a limit)
 
 # A workload label that says "never move this" (set by the Kubernetes converter for pods whose owner gpudefrag
@@ -710,15 +711,18 @@ class ClusterState:
             new = np.flatnonzero(~old)
             mine[new] = movable_flags([run[i] for i in new.tolist()])
             self.__dict__["_can_move"] = mine
-        for key, said in list(previous.memo.items()):
-            if isinstance(key, tuple) and len(key) == 2 and key[0] in ("may_move", "may_move.carried") \
-                    and key[1] is not None:
-                if key[0] == "may_move.carried":  # never asked of the previous state: carried further
-                    said, was = said  # type: ignore[misc]
-                    known = taken(was)
-                    self.memo[("may_move.carried", key[1])] = (taken(said) & known, known)
-                elif ("may_move.carried", key[1]) not in self.memo:
-                    self.memo[("may_move.carried", key[1])] = (taken(said), old)  # type: ignore[arg-type]
+        # the verdicts of the last few filters (a caller that makes a new filter each cycle leaves its old ones
+        # behind: they are not carried on for ever)
+        known = [(key, said) for key, said in previous.memo.items()
+                 if isinstance(key, tuple) and len(key) == 2 and key[0] in ("may_move", "may_move.carried")
+                 and key[1] is not None]
+        for key, said in known[-CARRIED_FILTERS:]:
+            if key[0] == "may_move.carried":  # never asked of the previous state: carried further
+                said, was = said  # type: ignore[misc]
+                kept = taken(was)
+                self.memo[("may_move.carried", key[1])] = (taken(said) & kept, kept)
+            else:
+                self.memo[("may_move.carried", key[1])] = (taken(said), old)  # type: ignore[arg-type]
         return fresh
 
     def _looks_valid(self, fresh: Sequence[Workload] | None = None) -> bool:
