@@ -221,8 +221,9 @@ def _dispatched(kubectl: Path, kc: str) -> dict[str, int]:
 
 
 def _scale_items(n: int) -> list[dict[str, Any]]:
-    """The generated cluster as one would create it, with 8 pods per node (a fifth DaemonSet), MIG slices on
-    every 10th node, DRA GPUs (a ResourceSlice) on every 20th, the autoscaler's status and a PDB."""
+    """The generated cluster as one would create it, with 8 pods on every node (a fifth DaemonSet, CPU-only pods
+    where its GPU pods are fewer than 3), MIG slices on every 10th node, DRA GPUs (a ResourceSlice) on every
+    20th, the autoscaler's status and a PDB."""
     doc = generate(n)
     items = [_for_api(o) for o in doc["items"] if o["kind"] in ("Node", "Pod", "ResourceQuota")]
     for o in items:
@@ -234,6 +235,12 @@ def _scale_items(n: int) -> list[dict[str, Any]]:
                                                                      "nvidia.com/mig-1g.10gb": "14"})
     for i in range(n):
         items.append(_for_api(_pod("kube-system", f"dcgm-exporter-{i:05d}", 0, f"gpu-{i:04d}", None)))
+    # 8 pods on every node (the issue's >= 40,000 at 5,000 nodes): where the first GPU pods took all 8 GPUs the
+    # node has fewer, so a CPU-only pod per missing one
+    bound = Counter(o["spec"].get("nodeName") for o in items if o["kind"] == "Pod")
+    for i in range(n):
+        for j in range(8 - bound[f"gpu-{i:04d}"]):
+            items.append(_for_api(_pod("ml", f"sidecar-{i:05d}-{j}", 0, f"gpu-{i:04d}", None)))
     for i in range(0, n, 20):
         devices = [{"name": f"gpu-{g}", "attributes": {"type": {"string": "gpu"},
                                                         "productName": {"string": "NVIDIA H100 80GB HBM3"}}}
