@@ -338,8 +338,9 @@ _PLACEMENTS_OF = operator.attrgetter("placements")
 _last_nodes: list[tuple[tuple[Node, ...], _NodeArrays]] = []  # the one tuple of nodes `_node_arrays` keeps
 
 
-def _running_mask(workloads: Sequence[Workload]) -> np.ndarray:
-    """Which of the workloads are running, as a bool array (at C speed)."""
+def running_mask(workloads: Sequence[Workload]) -> np.ndarray:
+    """Which of the workloads are running, as a bool array (at C speed): `ClusterState.running`'s rule, and the
+    converters' when they look for the ones that are not."""
     return np.fromiter(map(operator.is_, map(_STATE_OF, workloads), repeat(WorkloadState.RUNNING)), dtype=bool,
                        count=len(workloads))
 
@@ -499,8 +500,12 @@ class ClusterState:
     @cached_property
     def running(self) -> tuple[Workload, ...]:
         # `is_running` for every workload, at C speed (a replay builds a state of 4,000 jobs per decision)
-        ws = self.workloads
-        return tuple(compress(ws, map(operator.is_, map(_STATE_OF, ws), repeat(WorkloadState.RUNNING))))
+        return tuple(compress(self.workloads, self._is_running.tolist()))
+
+    @cached_property
+    def _is_running(self) -> np.ndarray:
+        """`running_mask` of the workloads, kept: a state built from this one maps its workloads through it."""
+        return running_mask(self.workloads)
 
     @cached_property
     def pending(self) -> tuple[Workload, ...]:
@@ -687,11 +692,10 @@ class ClusterState:
         cols = previous.__dict__.get("_columns")
         if cols is None:
             return fresh
-        running, was_running = _running_mask(ws), _running_mask(before)
-        p = pos[running]
+        p = pos[self._is_running]
         rpos = np.full(len(p), -1, dtype=np.int64)
         kept = p >= 0
-        rpos[kept] = (np.cumsum(was_running) - 1)[p[kept]]  # the same object: running there too
+        rpos[kept] = (np.cumsum(previous._is_running) - 1)[p[kept]]  # the same object: running there too
         node_rows = None
         if list(map(_NAME_OF, previous.nodes)) != list(map(_NAME_OF, self.nodes)):
             node_rows = np.fromiter(map(self.node_index.get, map(_NAME_OF, previous.nodes), repeat(-1)),

@@ -94,7 +94,6 @@ class Problem:
         self._movable: dict[int, str | None] = {}
         self._targets: dict[tuple[object, ...], np.ndarray] = {}
         self._compat: dict[object, np.ndarray] = {}
-        self._sig_groups: dict[tuple[object, ...], list[int]] | None = None
         self._shapes: dict[int, Shape] = {}
         self._records: dict[int, Versions] = {}
         # what a solver derives from the problem alone and asks again and again (the heuristic's price order of
@@ -140,16 +139,15 @@ class Problem:
         rec = self.record(wi)
         got = self._compat.get(rec)
         if got is None:
-            if self._sig_groups is None:  # once per state: every plan on it asks (5,000 nodes: 10 ms)
-                groups = self.state.memo.get("planner.signature_groups")
-                if groups is None:
-                    groups = {}
-                    for i, nd in enumerate(self.state.nodes):
-                        groups.setdefault(node_signature(nd), []).append(i)
-                    self.state.memo["planner.signature_groups"] = groups
-                self._sig_groups = groups  # type: ignore[assignment]
+            groups: dict[tuple[object, ...], list[int]] | None = self.state.memo.get(  # type: ignore[assignment]
+                "planner.signature_groups")
+            if groups is None:  # once per state: every plan on it asks (5,000 nodes: 10 ms)
+                groups = {}
+                for i, nd in enumerate(self.state.nodes):
+                    groups.setdefault(node_signature(nd), []).append(i)
+                self.state.memo["planner.signature_groups"] = groups
             got = np.zeros(len(self.state.nodes), dtype=bool)
-            for members in self._sig_groups.values():
+            for members in groups.values():
                 if not check(rec, self.state.nodes[members[0]], self.rule):
                     got[members] = True
             self._compat[rec] = got

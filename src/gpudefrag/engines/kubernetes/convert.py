@@ -18,12 +18,11 @@ Mapping (documented in docs/kubernetes.md):
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from itertools import compress, repeat
+from itertools import compress
 from types import MappingProxyType
 from typing import Any
 
@@ -43,6 +42,7 @@ from ...core.model import (
     Versions,
     Workload,
     WorkloadState,
+    running_mask,
 )
 from ...errors import InputError
 from .access import At
@@ -425,9 +425,6 @@ def pod_order(at: At) -> tuple[float, str, At]:
     return (created if created is not None else float("inf")), meta.req_str("name"), meta
 
 
-_STATE_OF = operator.attrgetter("state")
-
-
 def finish(source: str, nodes: list[Node], workloads: list[Workload], infos: dict[str, PodInfo],
            latest: Mapping[tuple[str, str, str], EventInfo], quotas: list[At], pdbs: list[At],
            configmaps: list[At], events: list[EventInfo], warnings: list[str], *, now: float,
@@ -438,7 +435,7 @@ def finish(source: str, nodes: list[Node], workloads: list[Workload], infos: dic
     workloads for controllers whose pods the quota refused (checked against `owners`, the ReplicaSets and Jobs,
     when they were listed: `_owners`), quotas, PDBs, node groups, the validated state (`previous`: the state
     before, whose unchanged workloads' columns and verdicts carry over: `ClusterState.build`)."""
-    waiting = compress(workloads, map(operator.is_not, map(_STATE_OF, workloads), repeat(WorkloadState.RUNNING)))
+    waiting = compress(workloads, (~running_mask(workloads)).tolist())
     owners_pending = {(i.namespace, i.owner.kind, i.owner.name) for w in waiting if (i := infos[w.id]).owner}
     workloads = list(workloads)
     infos = dict(infos)
