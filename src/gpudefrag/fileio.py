@@ -240,7 +240,9 @@ def lost_a_key(raw: bytes, decoded: Any) -> bool:
     has. True too when `raw` spells a ':' as an escape (the count cannot tell): the caller's careful parse then
     decides. `decoded` must re-encode to exactly the keys the document gave (a typed value leaves out the fields
     the document left out)."""
-    return b"\\u003a" in raw or b"\\u003A" in raw or raw.count(b":") != msgspec.json.encode(decoded).count(b":")
+    # a document with no backslash at all (most) has no escapes: one byte count instead of two 6-byte searches
+    escaped = b"\\" in raw and (b"\\u003a" in raw or b"\\u003A" in raw)
+    return escaped or raw.count(b":") != msgspec.json.encode(decoded).count(b":")
 
 
 def parse_json(raw: bytes | str, src: str, *, check_only: bool = False) -> Any:

@@ -8,7 +8,6 @@ Loading is strict (no type coercion, no unknown fields) so that a typo is an err
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -201,7 +200,7 @@ class Snapshot(_Strict):
 
 
 # to_state builds these positionally (keyword parsing was a third of its time): their field order is part of
-# what it relies on, checked once here so that a reordered dataclass fails at import, not as swapped values.
+# what it relies on, checked once here so that a reordered struct fails at import, not as swapped values.
 _POSITIONAL = {
     Node: "name gpu_count gpu_model gpu_allocatable cpu_milli memory_mib driver_version cuda_version cpu_arch labels "
           "taints schedulable mig_devices node_group partitions checkpointer_version kernel",
@@ -212,7 +211,7 @@ _POSITIONAL = {
     Versions: "gpu_model gpu_count driver cuda engine model cpu_arch kernel checkpointer",
 }
 for _cls, _names in _POSITIONAL.items():
-    if [f.name for f in dataclasses.fields(_cls)] != _names.split():
+    if list(_cls.__struct_fields__) != _names.split():
         raise ImportError(f"snapshot.to_state builds {_cls.__name__} positionally; its fields changed: update both")
 
 # The same format as a msgspec struct (derived, not written twice): the fast path of _load_snapshot.
@@ -232,10 +231,10 @@ _READ_ORDER = {
                 "tolerations partition mig_profile namespace user priority labels placements checkpoint_bytes "
                 "last_checkpoint_at submitted_at started_at expected_end_at versions scheduler_reason movable "
                 "movable_reason",
-    VersionsIn: " ".join(f.name for f in dataclasses.fields(Versions)),
-    TolerationIn: " ".join(f.name for f in dataclasses.fields(Toleration)),
-    QuotaIn: " ".join(f.name for f in dataclasses.fields(Quota)),
-    NodeGroupIn: " ".join(f.name for f in dataclasses.fields(NodeGroup)),
+    VersionsIn: " ".join(Versions.__struct_fields__),
+    TolerationIn: " ".join(Toleration.__struct_fields__),
+    QuotaIn: " ".join(Quota.__struct_fields__),
+    NodeGroupIn: " ".join(NodeGroup.__struct_fields__),
 }
 for _model, _names in _READ_ORDER.items():
     if list(_model.model_fields) != _names.split():
@@ -268,11 +267,13 @@ def _validation_error(e: ValidationError, source: str) -> InputError:
 def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
     """Convert a validated snapshot to a ClusterState, assigning GPU indices where the file leaves them out.
     `snap` is the pydantic model or its msgspec mirror (typed_json), whose fields the file left out are ABSENT:
-    each object is read through `typed_json.reader`, which puts the model's defaults in their place."""
+    each object is read through `typed_json.reader`, which puts the model's defaults in their place. A label
+    dict is taken as it is (both decoders make a fresh one per object), an empty one replaced by a fresh {}
+    (the reader's default is one shared dict)."""
     _, name, now, scheduler, node_docs, workload_docs, quota_docs, group_docs = _READ[Snapshot](snap)
     if not math.isfinite(now):
         raise InputError(source, "now", "must be a finite number")
-    # Positional construction (field order of core.model's dataclasses): keyword parsing of 18 arguments was a
+    # Positional construction (field order of core.model's structs): keyword parsing of 18 arguments was a
     # third of the time of a 10,000-node snapshot's conversion.
     read_node, read_taint = _READ[NodeIn], _READ[TaintIn]
     nodes: list[Node] = []
@@ -281,7 +282,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
          labels, taints, schedulable, mig_devices, node_group, partitions, checkpointer_version, kernel) = read_node(n)
         nodes.append(Node(
             node_name, gpus, gpu_model, gpu_allocatable, cpu_milli, memory_mib, driver_version, cuda_version, cpu_arch,
-            dict(labels), tuple(Taint(k, v, TaintEffect(e)) for k, v, e in map(read_taint, taints)) if taints else (),
+            labels or {}, tuple(Taint(k, v, TaintEffect(e)) for k, v, e in map(read_taint, taints)) if taints else (),
             schedulable, _mig_devices(mig_devices) if mig_devices else {}, node_group, tuple(partitions),
             checkpointer_version, kernel))
     by_name = {n.name: n for n in nodes}
@@ -329,7 +330,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
             if plain:
                 shapes[shape] = request
         workloads.append(Workload(
-            wid, request, states[state], wname, namespace, user, priority, dict(labels), placements, checkpoint_bytes,
+            wid, request, states[state], wname, namespace, user, priority, labels or {}, placements, checkpoint_bytes,
             last_checkpoint_at, submitted_at, started_at, expected_end_at, wv, scheduler_reason, movable,
             movable_reason or ("" if movable else "other")))
     try:
@@ -515,7 +516,7 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
                 d["movable_reason"] = w.movable_reason
         if w.placements:
             d["placements"] = [{"node": p.node, "gpus": list(p.gpus)} for p in w.placements]
-        versions = {k: getattr(w.versions, k) for k in Versions.__slots__ if getattr(w.versions, k) is not None}
+        versions = {k: getattr(w.versions, k) for k in Versions.__struct_fields__ if getattr(w.versions, k) is not None}
         if versions:
             d["versions"] = versions
         workloads.append(d)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from gpudefrag.control.agent import RunPhase
 from gpudefrag.control.controller import Controller
 from gpudefrag.control.executor import Executor, ExecutorConfig
@@ -280,9 +282,8 @@ def test_controller_log_lines_stay_whole_on_a_narrow_pipe(state, tmp_path: Path)
 
 
 def _held(state):  # type: ignore[no-untyped-def]
-    import dataclasses
 
-    return state.with_workloads([dataclasses.replace(w, scheduler_reason="JobHeldAdmin") if w.id == "big" else w
+    return state.with_workloads([msgspec.structs.replace(w, scheduler_reason="JobHeldAdmin") if w.id == "big" else w
                                  for w in state.workloads])
 
 
@@ -315,9 +316,8 @@ def test_a_held_job_gets_no_moves_from_any_door_unless_asked_in_so_many_words(st
 def test_a_filter_that_excludes_every_job_is_named_with_its_count(state, tmp_path: Path) -> None:
     """The docs' `max_priority: 10000` under Slurm's default priorities (~4.29e9): the no-plan decision says
     which filter excluded how many jobs instead of only "no set of its movable workloads makes room"."""
-    import dataclasses
 
-    slurmish = state.with_workloads([dataclasses.replace(w, priority=4_294_901_758) for w in state.workloads])
+    slurmish = state.with_workloads([msgspec.structs.replace(w, priority=4_294_901_758) for w in state.workloads])
     _sim, c, j = setup(slurmish, tmp_path, {**POLICY, "filter": {"max_priority": 10000}})
     _sim.now = 1000.0
     r = c.cycle()

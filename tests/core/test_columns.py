@@ -157,3 +157,24 @@ def test_only_the_last_few_filters_are_carried_on() -> None:
         state = ClusterState.build(nodes, ws, previous=state)
         carried = [k for k in state.memo if isinstance(k, tuple) and k[0] == "may_move.carried"]
         assert len(carried) <= CARRIED_FILTERS
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 2), st.sampled_from((250, 1000)), st.integers(0, 9),
+                          st.integers(0, 9)), min_size=1, max_size=4),
+       st.lists(st.integers(0, 3), min_size=0, max_size=40))
+def test_columns_of_shared_requests_equal_those_of_one_request_each(shapes, picks) -> None:
+    """Workloads that share Request objects (a snapshot's plain shapes: the columns then read each distinct one
+    once) get the columns of the same workloads with a Request object each."""
+    from gpudefrag.core.columns import gather
+
+    shared = [Request(*s) for s in shapes]
+    nodes = {"n0": 0, "n1": 1}
+    run = [Workload(f"w{i}", shared[p % len(shared)]) for i, p in enumerate(picks)]
+    own = [Workload(w.id, Request(*(getattr(w.request, f) for f in ("gpus_per_node", "node_count", "gpu_milli",
+                                                                      "cpu_milli", "memory_mib"))))
+           for w in run]
+    a, b = gather(run, nodes), gather(own, nodes)
+    assert a is not None and b is not None
+    for name, x, y in zip(a._fields, a, b, strict=True):
+        assert x.dtype == y.dtype and np.array_equal(x, y), name

@@ -381,3 +381,23 @@ def test_the_moves_to_clear_each_node_are_counted_as_by_hand(seed, gpus, milli, 
     may_move = (lambda w: w.namespace == "a") if filtered else None
     assert _moves_to_clear(state, r, candidates, whole, may_move) == _moves_by_hand(state, r, candidates, whole,
                                                                                     may_move)
+
+
+def test_pending_jobs_sharing_a_request_get_each_their_own_diagnosis():
+    """diagnose_all runs the checks once per (request, namespace, scheduler reason): the jobs that share one get
+    what diagnosing each alone gives, under their own id; a namespace's quota or a reason still tells them apart."""
+    s = build(
+        [node("a"), node("b", gpus=2)],
+        [job("x", 4, "a", namespace="team"), job("y", 1, "b"), job("p1", 2, namespace="team", submitted_at=1.0),
+         job("p2", 2, namespace="other", submitted_at=2.0), job("p3", 2, namespace="team", submitted_at=3.0),
+         job("p4", 2, namespace="other", submitted_at=4.0, scheduler_reason="ReqNodeNotAvail"),
+         job("p5", 8, submitted_at=5.0), job("p6", 8, submitted_at=6.0)],
+        quotas=[{"namespace": "team", "gpu_limit": 5}],
+    )
+    pending = s.pending_gpu
+    assert pending[0].request is pending[1].request is pending[2].request  # one Request: the shared path runs
+    got = diagnose_all(s)
+    alone = [diagnose_all(s, [w.id])[0] for w in pending]
+    assert got == alone
+    assert [d.workload_id for d in got] == ["p1", "p2", "p3", "p4", "p5", "p6"]
+    assert got[0].codes != got[1].codes and got[1].codes != got[3].codes  # quota; the scheduler's reason

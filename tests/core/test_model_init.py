@@ -1,12 +1,13 @@
-"""The core model's frozen dataclasses build through `_quick_init` (a faster `__init__`): the same signature,
-defaults and default factories as the one dataclasses generates, and still frozen."""
+"""The core model's values are frozen msgspec structs (built in C; core/model.py `_Value`): positional and
+keyword construction, defaults and fresh default dicts, equality and hashing by field, frozen, copied with
+`msgspec.structs.replace`, and pickled (the process and Ray sweeps ship them) unchanged."""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
+import pickle
 import random
 
+import msgspec
 import pytest
 
 from gpudefrag.core import model
@@ -16,29 +17,22 @@ CLASSES = [model.Taint, model.Toleration, Versions, Node, Placement, Request, Wo
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
-def test_same_signature_as_the_generated_init(cls: type) -> None:
-    params = list(inspect.signature(cls).parameters.values())
-    fields = dataclasses.fields(cls)
-    assert [p.name for p in params] == [f.name for f in fields]
-    for p, f in zip(params, fields, strict=True):
-        assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-        if f.default is not dataclasses.MISSING:
-            assert p.default is f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            assert repr(p.default) == "<factory>"
-        else:
-            assert p.default is inspect.Parameter.empty
+def test_every_value_is_a_frozen_struct_untracked_by_the_collector(cls: type) -> None:
+    assert issubclass(cls, model._Value)
+    assert cls.__struct_config__.frozen and not cls.__struct_config__.gc
 
 
 def test_values_defaults_and_frozen() -> None:
     r = Request(2, gpu_milli=1000, cpu_milli=5)
     a = Workload("a", r, priority=3, placements=(Placement("n", (0, 1)),))
     b = Workload(id="a", request=r, priority=3, placements=(Placement(node="n", gpus=(0, 1)),))
-    assert a == b
+    assert a == b and hash(a.versions) == hash(Versions()) and a != msgspec.structs.replace(a, priority=4)
     assert (a.state, a.namespace, a.movable, a.versions) == (model.WorkloadState.RUNNING, "default", True, Versions())
     assert a.labels == {} and a.labels is not Workload("c", r).labels  # a fresh dict per object
-    assert dataclasses.replace(a, id="z").id == "z"
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    z = msgspec.structs.replace(a, id="z")
+    assert (z.id, z.request, z.placements) == ("z", r, a.placements) and a.id == "a"
+    assert pickle.loads(pickle.dumps(a)) == a
+    with pytest.raises(AttributeError):
         a.id = "b"  # type: ignore[misc]
     with pytest.raises(TypeError):
         Workload("a")  # type: ignore[call-arg]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpudefrag.core.diagnose import CauseCode
@@ -73,7 +74,7 @@ def test_disagreement_is_reported() -> None:
 
     c = load_dump(fixture_path("oversize"))
     w = c.state.workload("ml/train-16g")
-    w2 = dataclasses.replace(w, scheduler_reason="0/4 nodes are available: 4 node(s) had untolerated taint {a: b}.")
+    w2 = msgspec.structs.replace(w, scheduler_reason="0/4 nodes are available: 4 node(s) had untolerated taint {a: b}.")
     c2 = dataclasses.replace(c, state=c.state.with_workloads([w2 if x.id == w.id else x for x in c.state.workloads]))
     assert diagnose_kube(c2)[0].agreement == "differs"
 

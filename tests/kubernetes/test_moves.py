@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import msgspec
 import pytest
 
 from gpudefrag.core.compat import CompatRule, VersionMatch
@@ -149,7 +150,7 @@ def test_owners_that_cannot_be_moved_are_refused(frag_cluster: KubeCluster, wid:
 
 def test_incompatible_target_is_refused_before_anything(frag_cluster: KubeCluster) -> None:
     s = frag_cluster.state
-    n3 = dataclasses.replace(s.node("gpu-node-3"), driver_version="535.104.05")
+    n3 = msgspec.structs.replace(s.node("gpu-node-3"), driver_version="535.104.05")
     nodes = [n3 if n.name == "gpu-node-3" else n for n in s.nodes]
     c = dataclasses.replace(frag_cluster, state=type(s).build(nodes, s.workloads, quotas=s.quotas))
     seq = build_move(c, BARE)
@@ -235,7 +236,7 @@ def test_incompatible_image_goes_the_policy_way(frag_cluster: KubeCluster, polic
     api = InMemoryApi(frag_cluster)
     ex = SequenceRunner(api, verify_image=api.verify_image, sleep=lambda s: None)
     real = api.verify_image
-    api.verify_image = lambda ref: dataclasses.replace(real(ref), driver="999.1.1")  # type: ignore[method-assign]
+    api.verify_image = lambda ref: msgspec.structs.replace(real(ref), driver="999.1.1")  # type: ignore[method-assign]
     ex.verify_image = api.verify_image
     res = ex.run(seq)
     assert res.ok is ok, res.error

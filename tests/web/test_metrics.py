@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -118,7 +119,6 @@ def test_metrics_match_random_snapshots(doc: dict[str, Any]) -> None:
 def test_checkpoint_metrics_come_from_the_real_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Issue 32: a live source reading the store (`serve --store`) reports the jobs' real checkpoints: not every
     job "never checkpointed" with age 0, and moves priced with their real checkpoint sizes."""
-    import dataclasses
     import os
 
     from gpudefrag.checkpoint.keys import load_key
@@ -130,7 +130,7 @@ def test_checkpoint_metrics_come_from_the_real_store(tmp_path) -> None:  # type:
     from gpudefrag.web.source import EngineSource
 
     demo = demo_state()  # as a live engine reports it: no checkpoint known until the store is read
-    state = demo.with_workloads([dataclasses.replace(w, last_checkpoint_at=None, checkpoint_bytes=0)
+    state = demo.with_workloads([msgspec.structs.replace(w, last_checkpoint_at=None, checkpoint_bytes=0)
                                  for w in demo.workloads])
     load_key(tmp_path / "key", create=True)
     store = CheckpointStore(tmp_path / "store", tmp_path / "key")

@@ -8,9 +8,10 @@ is never refused here for compatibility when the host is what the node said it w
 
 from __future__ import annotations
 
-import dataclasses
 import platform
 from collections.abc import Iterable
+
+import msgspec
 
 from ..core.compat import ORDER, CompatRule
 from ..core.compat import mismatches as rule_mismatches
@@ -44,4 +45,4 @@ def field_names(diffs: Iterable[str]) -> tuple[str, ...]:
 
 def merge(base: Versions, **overrides: str | int | None) -> Versions:
     """A copy of `base` with the given fields set (None values ignored)."""
-    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    return msgspec.structs.replace(base, **{k: v for k, v in overrides.items() if v is not None})

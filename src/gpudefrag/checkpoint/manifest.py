@@ -7,13 +7,13 @@ Loading is strict (pydantic, no coercion, no unknown fields) so a hand-edited or
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import json
 from pathlib import PurePosixPath
 from typing import Annotated, Any
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..core.model import Versions
@@ -63,7 +63,7 @@ class CompatRecord(VersionsIn):
 
     @classmethod
     def of(cls, v: Versions) -> CompatRecord:
-        return cls(**dataclasses.asdict(v))
+        return cls(**msgspec.structs.asdict(v))
 
 
 class Manifest(_Strict):

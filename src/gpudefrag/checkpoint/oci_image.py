@@ -16,7 +16,6 @@ manifest does for a folder (`gpudefrag.checkpoint.manifest`):
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import json
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+import msgspec
 
 from ..core.model import Versions
 from .keys import key_id
@@ -41,7 +42,7 @@ POD_ANN = "gpudefrag.io/checkpoint-of"  # namespace/pod/container, for people re
 _CHUNK = 4 << 20
 # what a kubelet (containerd or CRI-O) checkpoint archive holds at least
 _REQUIRED = ("config.dump", "spec.dump")
-_INT_FIELDS = {f.name for f in dataclasses.fields(Versions) if f.type in ("int | None", int)}
+_INT_FIELDS = {f.name for f in msgspec.structs.fields(Versions) if f.type in (int | None, int)}
 
 
 def sha256_digest(path: Path) -> tuple[str, int]:
@@ -92,13 +93,13 @@ def check_archive(path: Path) -> int:
 
 def compat_annotations(v: Versions) -> dict[str, str]:
     """The compatibility record as annotations (only the fields that are known)."""
-    return {COMPAT_PREFIX + k: str(val) for k, val in dataclasses.asdict(v).items() if val not in (None, "")}
+    return {COMPAT_PREFIX + k: str(val) for k, val in msgspec.structs.asdict(v).items() if val not in (None, "")}
 
 
 def record_of(annotations: dict[str, str]) -> Versions:
     """The compatibility record an image's annotations carry (unknown fields refused: a typo must not pass as
     'not recorded, so not checked')."""
-    known = {f.name for f in dataclasses.fields(Versions)}
+    known = set(Versions.__struct_fields__)
     kw: dict[str, Any] = {}
     for k, val in annotations.items():
         if not k.startswith(COMPAT_PREFIX):

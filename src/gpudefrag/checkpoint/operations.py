@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..core.model import Versions
 from .compat import DEFAULT_FIELDS, CompatRule, field_names, host_versions, mismatches
 from .manifest import Manifest
@@ -241,6 +243,5 @@ def resolve(store_root: Path | None, ckpt: str) -> tuple[Path, str]:
 
 
 def _asdict(v: Versions) -> dict[str, Any]:
-    import dataclasses
 
-    return dataclasses.asdict(v)
+    return msgspec.structs.asdict(v)

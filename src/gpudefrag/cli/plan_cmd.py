@@ -7,6 +7,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+import msgspec
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -243,5 +244,5 @@ def _focus(state: ClusterState, names: set[str]) -> ClusterState:
     for w in state.running:
         parts = tuple(pl for pl in w.placements if pl.node in names)
         if parts:
-            workloads.append(dataclasses.replace(w, placements=parts))
+            workloads.append(msgspec.structs.replace(w, placements=parts))
     return ClusterState(tuple(keep), tuple(workloads), now=state.now, name=state.name)

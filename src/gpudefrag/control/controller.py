@@ -9,12 +9,13 @@ never calls an engine action and never writes the journal.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ..core.cost import CostModel
 from ..core.decision import MOVE, Decision, decide
@@ -356,7 +357,7 @@ def enrich_from_store(store: Any) -> Callable[[ClusterState], ClusterState]:
         wls = []
         for w in state.workloads:
             r = newest.get(w.id)
-            wls.append(dataclasses.replace(w, checkpoint_bytes=int(r["bytes"]),
+            wls.append(msgspec.structs.replace(w, checkpoint_bytes=int(r["bytes"]),
                                            last_checkpoint_at=float(r["created_unix"])) if r else w)
         return state.with_workloads(wls)
 

@@ -13,7 +13,7 @@ The workloads are typed `Any` here: core/model.py imports this module, not the o
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain, repeat
 from typing import Any, NamedTuple
 
@@ -64,17 +64,29 @@ def gather(run: Sequence[Any], node_index: Mapping[str, int]) -> Columns | None:
     gpus = list(map(_GPUS_OF, plist))
     held = np.fromiter(map(len, gpus), dtype=np.int64, count=len(plist))
     n_placed = np.fromiter(map(len, map(_PLACEMENTS_OF, run)), dtype=np.int64, count=len(run))
-    reqs = list(map(_REQUEST_OF, run))
-
-    def per_workload(get: Callable[[Any], int]) -> np.ndarray:
-        return np.fromiter(map(get, reqs), dtype=np.int64, count=len(reqs))
-
-    milli, gpn = per_workload(_GPU_MILLI), per_workload(_GPUS_PER_NODE)
-    cpu, mem = per_workload(_CPU_MILLI), per_workload(_MEMORY_MIB)
+    milli, gpn, cpu, mem, node_count = _request_columns(list(map(_REQUEST_OF, run)))
     return Columns(np.repeat(prow, held), np.fromiter(chain.from_iterable(gpus), dtype=np.int64,
                                                         count=int(held.sum())),
                    np.repeat(milli, n_placed), prow, np.repeat(cpu, n_placed), np.repeat(mem, n_placed), held,
-                   np.repeat(gpn, n_placed), n_placed, per_workload(_NODE_COUNT), milli, gpn, cpu, mem)
+                   np.repeat(gpn, n_placed), n_placed, node_count, milli, gpn, cpu, mem)
+
+
+_REQUEST_FIELDS = operator.attrgetter("gpu_milli", "gpus_per_node", "cpu_milli", "memory_mib", "node_count")
+
+
+def _request_columns(reqs: list[Any]) -> tuple[np.ndarray, ...]:
+    """Per request: gpu_milli, gpus_per_node, cpu_milli, memory_mib, node_count. Where most workloads share a
+    Request object (a snapshot's 50,000 jobs share a few dozen shapes), each distinct one is read once and the
+    rows indexed by it; else each field is read of every request."""
+    n = len(reqs)
+    distinct = dict(zip(map(id, reqs), reqs, strict=True))
+    if 4 * len(distinct) <= n:
+        at = dict(zip(distinct, range(len(distinct)), strict=False))
+        which = np.fromiter(map(at.__getitem__, map(id, reqs)), dtype=np.intp, count=n)
+        table = np.array(list(map(_REQUEST_FIELDS, distinct.values())), dtype=np.int64).reshape(-1, 5)
+        return tuple(np.ascontiguousarray(table[which, j]) for j in range(5))
+    return tuple(np.fromiter(map(get, reqs), dtype=np.int64, count=n)
+                 for get in (_GPU_MILLI, _GPUS_PER_NODE, _CPU_MILLI, _MEMORY_MIB, _NODE_COUNT))
 
 
 def movable_flags(run: Sequence[Any]) -> np.ndarray:

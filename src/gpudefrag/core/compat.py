@@ -10,11 +10,12 @@ field the node (or host) does not report passes unless the rule is `strict`. Doc
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from enum import StrEnum
+
+import msgspec
 
 from .model import ClusterState, Node, Versions, Workload
 
@@ -167,4 +168,4 @@ def checkpoint_record(state: ClusterState, w: Workload) -> Versions:
         return v
     host = state.node(src).versions()
     fill = {f: getattr(host, f) for f in HOST_FIELDS if getattr(v, f) is None and getattr(host, f) is not None}
-    return dataclasses.replace(v, **fill) if fill else v
+    return msgspec.structs.replace(v, **fill) if fill else v

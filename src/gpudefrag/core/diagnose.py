@@ -13,6 +13,7 @@ a check sees the request, the per-state facts and the causes found so far, and r
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -798,14 +799,25 @@ def diagnose(state: ClusterState, workload: Workload, *, _ctx: _Context | None =
 
 def diagnose_all(state: ClusterState, ids: Iterable[str] | None = None, *,
                  movable: Callable[[Workload], bool] | None = None) -> list[Diagnosis]:
-    """Diagnose every pending workload with a GPU request (or those named), oldest first."""
+    """Diagnose every pending workload with a GPU request (or those named), oldest first.
+
+    A diagnosis reads only the request, the namespace, the scheduler's reason and the state (`Facts`), so the
+    pending workloads that share all of them (200 pending jobs of a large snapshot share a handful of Request
+    objects) share one diagnosis, under each one's own id: the checks run once per distinct case."""
     ctx = _Context(state)
     wanted = set(ids) if ids is not None else None
     out = []
+    seen: dict[tuple[int, str, str], Diagnosis] = {}
     for w in state.pending_gpu:
         if wanted is not None and w.id not in wanted:
             continue
-        out.append(diagnose(state, w, _ctx=ctx, movable=movable))
+        key = (id(w.request), w.namespace, w.scheduler_reason)  # the requests live as long as the state
+        d = seen.get(key)
+        if d is None:
+            d = seen[key] = diagnose(state, w, _ctx=ctx, movable=movable)
+        else:
+            d = dataclasses.replace(d, workload_id=w.id)
+        out.append(d)
     return out
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 from itertools import compress, repeat
 from types import MappingProxyType
 
+import msgspec
 import numpy as np
 
 from .columns import Columns, carry, gather, movable_flags, rows_from, same_objects
@@ -53,41 +54,13 @@ def same_mig_profile(a: str, b: str) -> bool:
         return a == b
 
 
-def _quick_init(cls: type) -> type:
-    """Give a frozen, slotted dataclass an `__init__` with the generated one's signature (same parameters, order,
-    defaults and default factories) that stores each field through its slot's descriptor. The generated one goes
-    through `object.__setattr__` per field (frozen classes must): 3 µs for a Workload, most of the time of
-    building the 50,000 workloads of a large snapshot; this one takes 1.2 µs. The class stays frozen (its
-    `__setattr__` still refuses); nothing else changes."""
-    params: list[str] = []
-    lines: list[str] = []
-    scope: dict[str, object] = {"_FACTORY": _FACTORY}
-    for i, f in enumerate(fields(cls)):
-        scope[f"_set{i}"] = cls.__dict__[f.name].__set__
-        if f.default is not MISSING:
-            scope[f"_default{i}"] = f.default
-            params.append(f"{f.name}=_default{i}")
-        elif f.default_factory is not MISSING:
-            scope[f"_factory{i}"] = f.default_factory
-            params.append(f"{f.name}=_FACTORY")
-            lines.append(f"    if {f.name} is _FACTORY:\n        {f.name} = _factory{i}()")
-        else:
-            params.append(f.name)
-        lines.append(f"    _set{i}(self, {f.name})")
-    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(lines), scope)
-    init = scope["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"  # type: ignore[attr-defined]
-    init.__module__ = cls.__module__  # type: ignore[attr-defined]
-    cls.__init__ = init  # type: ignore[misc]
-    return cls
-
-
-class _Factory:
-    def __repr__(self) -> str:
-        return "<factory>"
-
-
-_FACTORY = _Factory()  # the default of a parameter whose field has a default_factory (as dataclasses does)
+class _Value(msgspec.Struct, frozen=True, gc=False):
+    """The base of the model's values (nodes, workloads, requests, placements, ...): frozen, compared and hashed
+    by their fields, built in C. A large snapshot or a Kubernetes cluster makes 50,000 workloads, requests and
+    placements at a time; a slotted frozen dataclass set each field through `object.__setattr__` (3 µs a
+    workload, most of a 10,000-node snapshot's conversion), a struct takes a fraction of that. Change one with
+    `msgspec.structs.replace`, list its fields with `msgspec.structs.fields`. `gc=False`: the collector need not
+    track them; they hold strings, numbers, tuples and dicts of those, never a cycle."""
 
 
 class WorkloadState(StrEnum):
@@ -101,17 +74,13 @@ class TaintEffect(StrEnum):
     NO_EXECUTE = "NoExecute"
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class Taint:
+class Taint(_Value):
     key: str
     value: str = ""
     effect: TaintEffect = TaintEffect.NO_SCHEDULE
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class Toleration:
+class Toleration(_Value):
     """Kubernetes semantics: empty key with operator Exists tolerates everything."""
 
     key: str = ""
@@ -127,9 +96,7 @@ class Toleration:
         return self.key == taint.key and self.value == taint.value
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class Versions:
+class Versions(_Value):
     """The software and hardware a checkpoint was taken with, or a node offers.
 
     Node fields describe what the node provides; a workload's fields describe what it runs with.
@@ -146,9 +113,7 @@ class Versions:
     checkpointer: str | None = None  # e.g. "criu 4.1.1"
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(_Value):
     name: str
     gpu_count: int
     gpu_model: str | None = None
@@ -158,10 +123,10 @@ class Node:
     driver_version: str | None = None
     cuda_version: str | None = None
     cpu_arch: str | None = None
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = msgspec.field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     schedulable: bool = True  # False: cordoned / drained
-    mig_devices: Mapping[str, int] = field(default_factory=dict)  # MIG profile -> count exposed
+    mig_devices: Mapping[str, int] = msgspec.field(default_factory=dict)  # MIG profile -> count exposed
     node_group: str | None = None  # autoscaling group / pool
     partitions: tuple[str, ...] = ()  # Slurm partitions (empty: any)
     checkpointer_version: str | None = None  # e.g. "criu 4.1.1": what a restore on this node runs
@@ -193,18 +158,14 @@ class Node:
         )
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(_Value):
     """One part of a workload: the node it runs on and the GPU indices it holds there."""
 
     node: str
     gpus: tuple[int, ...]
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(_Value):
     """The shape of what a job asks for: `gpus_per_node` GPUs of `gpu_milli` each on `node_count` nodes."""
 
     gpus_per_node: int
@@ -213,7 +174,7 @@ class Request:
     cpu_milli: int = 0
     memory_mib: int = 0
     gpu_models: tuple[str, ...] = ()  # allowed models; empty = any
-    node_selector: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = msgspec.field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
     partition: str | None = None
     mig_profile: str | None = None  # a request for MIG slices instead of whole GPUs
@@ -233,9 +194,7 @@ class Request:
         return f"{self.gpus_per_node} GPU{share}{nodes}{model}"
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class Workload:
+class Workload(_Value):
     id: str
     request: Request
     state: WorkloadState = WorkloadState.RUNNING
@@ -243,14 +202,14 @@ class Workload:
     namespace: str = "default"  # Kubernetes namespace or Slurm account
     user: str = ""
     priority: int = 0
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = msgspec.field(default_factory=dict)
     placements: tuple[Placement, ...] = ()
     checkpoint_bytes: int = 0
     last_checkpoint_at: float | None = None
     submitted_at: float | None = None
     started_at: float | None = None
     expected_end_at: float | None = None
-    versions: Versions = field(default_factory=Versions)
+    versions: Versions = msgspec.field(default_factory=Versions)
     scheduler_reason: str = ""  # what the scheduler itself says (Slurm reason, PodScheduled message)
     movable: bool = True  # False: never moved by any entry point (the snapshot's `movable`)
     movable_reason: str = ""  # why not (one of IMMOVABLE_REASONS), when movable is False
@@ -277,9 +236,7 @@ class Workload:
         return tuple(dict.fromkeys(p.node for p in self.placements))
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class Quota:
+class Quota(_Value):
     """A GPU quota on a namespace (Kubernetes ResourceQuota) or account (Slurm GrpTRES).
 
     `charged_at` says what `gpu_used` counts. "create" (Kubernetes): a ResourceQuota charges a pod when it is
@@ -294,9 +251,7 @@ class Quota:
     charged_at: str = "start"  # "create" | "start"
 
 
-@_quick_init
-@dataclass(frozen=True, slots=True)
-class NodeGroup:
+class NodeGroup(_Value):
     """An autoscaling group: how many nodes it has now and may grow to."""
 
     name: str

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from operator import attrgetter
 
+import msgspec
 import numpy as np
 
 from .capacity import Capacity, Shape
@@ -99,7 +100,7 @@ def _replay(state: ClusterState, moves: Iterable[Move]) -> tuple[dict[str, Workl
         if not cap.room_on(t, shape):
             raise MoveError(f"{where}: {m.target} has not enough CPU or memory")
         cap.take(t, gpus, shape)
-        moved[w.id] = dataclasses.replace(w, placements=(Placement(m.target, gpus),))
+        moved[w.id] = msgspec.structs.replace(w, placements=(Placement(m.target, gpus),))
     return moved, cap.free, cap.cpu_free, cap.mem_free, cap
 
 
@@ -109,7 +110,7 @@ def with_reservation(state: ClusterState, rid: str, request: Request, placements
                    labels={RESERVATION_LABEL: "true"})
     if rid in state.workload_index:  # the pending workload itself: it starts running there
         old = state.workload(rid)
-        res = dataclasses.replace(old, state=WorkloadState.RUNNING, placements=tuple(placements))
+        res = msgspec.structs.replace(old, state=WorkloadState.RUNNING, placements=tuple(placements))
         return state.with_workloads(res if w.id == rid else w for w in state.workloads)
     return state.with_workloads([*state.workloads, res])
 

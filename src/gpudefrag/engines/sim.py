@@ -13,9 +13,10 @@ counted globally, so a workload running twice is visible, not assumed away.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
+from msgspec.structs import replace
 
 from ..core.capacity import Capacity, Shape
 from ..core.fragmentation import eligible_mask

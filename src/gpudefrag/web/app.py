@@ -6,11 +6,11 @@ in-process exactly as `gpudefrag serve` does.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
@@ -235,7 +235,7 @@ def create_app(
             with source.lock:
                 state = source.state()
                 w = _running(state, workload_id)
-                fresh = dataclasses.replace(w, last_checkpoint_at=state.now)
+                fresh = msgspec.structs.replace(w, last_checkpoint_at=state.now)
                 new = state.with_workloads([fresh if x.id == w.id else x for x in state.workloads])
                 source.checkpoints[w.id] = source.clock()
                 ver = source.replace(new)

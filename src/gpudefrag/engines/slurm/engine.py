@@ -6,13 +6,14 @@ and does nothing when the wanted state already holds, so a restarted controller 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import msgspec
 
 from ...core.model import ClusterState
 from ..base import EngineError, JobInfo, JobPhase, NodeInfo
@@ -75,7 +76,7 @@ class SlurmEngine:
         nodes = parse_nodes(nodes_doc)
         if any(n.kernel is None for n in nodes):  # the kernel the compatibility rule checks (CRIU records it)
             kernels = node_kernels(self._json("scontrol", "show", "nodes", "--json"))
-            nodes = [dataclasses.replace(n, kernel=kernels.get(n.name)) if n.kernel is None else n for n in nodes]
+            nodes = [msgspec.structs.replace(n, kernel=kernels.get(n.name)) if n.kernel is None else n for n in nodes]
         workloads, _ = parse_jobs(jobs_doc, nodes)
         known = {n.name for n in nodes}
         workloads = [w for w in workloads if all(p.node in known for p in w.placements)]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any
+
+import msgspec
 
 from ...core.model import Node, Placement, Request, Workload, WorkloadState
 from ..base import JobInfo, JobPhase
@@ -280,7 +281,7 @@ def _fill_indices(
         taken.update(free)
         pls = list(w.placements)
         pls[pi] = Placement(p.node, tuple(free))
-        out[wi] = replace(w, placements=tuple(pls))
+        out[wi] = msgspec.structs.replace(w, placements=tuple(pls))
     return out
 
 
