@@ -188,7 +188,8 @@ class NodeGroupIn(_Strict):
 class Snapshot(_Strict):
     """A cluster at one instant."""
 
-    version: Literal[1, 2] = FORMAT_VERSION
+    # an integer in range, not Literal[1, 2]: a Literal compares by equality, so `1.0` and `true` read as 1
+    version: Annotated[int, Field(ge=1, le=FORMAT_VERSION)] = FORMAT_VERSION
     name: str = "cluster"
     now: Time = 0.0
     scheduler: Literal["", "slurm", "kubernetes"] = Field("", description="whose pending reasons the workloads "

@@ -85,6 +85,8 @@ def _mutations():
         ("unknown field", lambda d: d["nodes"][0].__setitem__("gpu", 8), "nodes[0].gpu", "unknown field"),
         ("missing field", lambda d: d["nodes"][0].pop("name"), "nodes[0].name", "required"),
         ("bool as int", lambda d: d["nodes"][0].__setitem__("gpus", True), "nodes[0].gpus", "integer"),
+        ("version as a float", lambda d: d.__setitem__("version", 1.0), "version", "integer"),
+        ("version as a bool", lambda d: d.__setitem__("version", True), "version", "integer"),
         ("duplicate id", lambda d: d["workloads"][1].__setitem__("id", d["workloads"][0]["id"]),
          "workloads[1].id", "duplicate"),
         ("over-allocated GPU", lambda d: d["workloads"][1]["placements"][0].__setitem__("gpus", [0, 1]),

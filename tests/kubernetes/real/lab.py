@@ -287,7 +287,20 @@ class KubeLab:
                     return False
             return True
 
-        self.wait(f"pods {list(names)} settled", settled, timeout)
+        def seen() -> str:
+            """Each awaited pod's node, phase and conditions: on a timeout, which of them did not settle and how."""
+            by = {p["metadata"]["name"]: p for p in self.pods(ns)}
+            out = []
+            for n in names:
+                p = by.get(n)
+                if p is None:
+                    out.append(f"{n}: absent")
+                    continue
+                conds = ",".join(f"{c['type']}={c['status']}" for c in p["status"].get("conditions") or [])
+                out.append(f"{n}: node={p['spec'].get('nodeName')} phase={p['status'].get('phase')} [{conds}]")
+            return "; ".join(out)
+
+        self.wait(f"pods {list(names)} settled", settled, timeout, state=seen)
 
     def events(self, ns: str, reason: str) -> list[dict[str, Any]]:
         return [e for e in self.get("events", ns=ns)["items"] if e.get("reason") == reason]
