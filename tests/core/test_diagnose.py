@@ -383,6 +383,39 @@ def test_the_moves_to_clear_each_node_are_counted_as_by_hand(seed, gpus, milli, 
                                                                                     may_move)
 
 
+@st.composite
+def _crowded(draw):  # type: ignore[no-untyped-def]
+    """Nodes of two models (one without its device plugin now and then), running jobs filling them, and pending
+    jobs of a few shapes (the loader shares one Request per plain shape) in two namespaces, one under a quota."""
+    nodes, workloads = [], []
+    for i in range(draw(st.integers(1, 4))):
+        gpus = draw(st.sampled_from((2, 4, 8)))
+        extra = {"gpu_allocatable": 0} if draw(st.integers(0, 5)) == 0 else {}
+        nodes.append(node(f"n{i}", gpus, gpu_model=draw(st.sampled_from(("H100", "A100"))), **extra))
+        left = 0 if extra else gpus  # no GPUs advertised: none handed out
+        for j in range(draw(st.integers(0, 3))):
+            k = draw(st.integers(1, 4))
+            if k <= left:
+                left -= k
+                workloads.append(job(f"r{i}-{j}", k, f"n{i}", namespace=draw(st.sampled_from(("a", "b")))))
+    for j in range(draw(st.integers(1, 10))):
+        extra = {"gpu_models": ["A100"]} if draw(st.integers(0, 4)) == 0 else {}
+        workloads.append(job(f"p{j}", draw(st.sampled_from((1, 2, 4, 8))), namespace=draw(st.sampled_from(("a", "b"))),
+                             submitted_at=float(j), scheduler_reason=draw(st.sampled_from(("", "Resources",
+                                                                                           "ReqNodeNotAvail"))),
+                             **extra))
+    return build(nodes, workloads, quotas=[{"namespace": "a", "gpu_limit": draw(st.integers(0, 12))}])
+
+
+@settings(max_examples=200, deadline=None)
+@given(_crowded())
+def test_diagnose_all_equals_each_job_diagnosed_alone(s):
+    """diagnose_all shares work between pending jobs (one diagnosis per request, namespace and reason; the
+    request's masks across namespaces and reasons): what it gives must be what each job gets alone, in a
+    context of its own."""
+    assert diagnose_all(s) == [diagnose_all(s, [w.id])[0] for w in s.pending_gpu]
+
+
 def test_pending_jobs_sharing_a_request_get_each_their_own_diagnosis():
     """diagnose_all runs the checks once per (request, namespace, scheduler reason): the jobs that share one get
     what diagnosing each alone gives, under their own id; a namespace's quota or a reason still tells them apart."""

@@ -17,7 +17,6 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -123,14 +122,23 @@ def _gpus(milli: int | float) -> str:
 
 
 class _Context:
-    """Per-state values shared by many diagnoses (request masks are memoised on the state itself)."""
+    """Per-state values shared by many diagnoses: per namespace, and per request the masks of `Facts`."""
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
         self.whole = whole_free_counts(state)
+        self._masks: dict[int, tuple[Request, dict[str, Any]]] = {}
         self._used_by_ns: dict[str, int] | None = None
         self._charged_at_create: dict[str, int] | None = None
         self._mig_used: dict[tuple[str, str], int] | None = None
+
+    def masks(self, r: Request) -> dict[str, Any]:
+        """The masks computed so far for request `r` (by identity: the Request is held with them, so its id is
+        not reused while the context lives)."""
+        got = self._masks.get(id(r))
+        if got is None:
+            got = self._masks[id(r)] = (r, {})
+        return got[1]
 
     def used_by_namespace(self) -> dict[str, int]:
         if self._used_by_ns is None:
@@ -175,6 +183,28 @@ def _share_counts(state: ClusterState, gpu_milli: int) -> np.ndarray:
     return got  # type: ignore[return-value]
 
 
+class _PerRequest:
+    """A `Facts` mask that reads only the state and the request: computed on first use, once per request and
+    context, and shared by the Facts of every pending job with that request (a large snapshot's 200 pending
+    jobs share a few Requests but differ in namespace and scheduler reason, so a diagnosis each)."""
+
+    def __init__(self, fn: Callable[[Facts], Any]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+
+    def __get__(self, facts: Facts | None, owner: type | None = None) -> Any:
+        if facts is None:
+            return self
+        shared = facts.masks
+        got = shared.get(self.name, _UNSET)
+        if got is _UNSET:
+            got = shared[self.name] = self.fn(facts)
+        return got
+
+
+_UNSET = object()
+
+
 class Facts:
     """What the checks read about one request on one state: masks computed once, on first use."""
 
@@ -188,6 +218,7 @@ class Facts:
         self.namespace = namespace
         self.scheduler_reason = scheduler_reason
         self.exists = workload_id is not None and workload_id in state.workload_index
+        self.masks = ctx.masks(r)
         # a workload the quota admission refused to create (Kubernetes FailedCreate on its owner): no pod exists
         self.refused_by_quota = refused_by_quota(scheduler_reason)
         self.counts = state.gpu_counts
@@ -198,42 +229,42 @@ class Facts:
     def is_mig(self) -> bool:
         return self.r.mig_profile is not None
 
-    @cached_property
+    @_PerRequest
     def models_ok(self) -> np.ndarray:
         return state_model_mask(self.state, self.r.gpu_models)
 
-    @cached_property
+    @_PerRequest
     def model_nodes(self) -> np.ndarray:
         return self.gpu_nodes & self.models_ok
 
-    @cached_property
+    @_PerRequest
     def eligible(self) -> np.ndarray:
         return eligible_mask(self.state, self.r)  # memoised on the state
 
-    @cached_property
+    @_PerRequest
     def gpu_fit(self) -> np.ndarray:
         s = self.state
         return capacity_fits(s.free_milli, s.cpu_free, s.mem_free, self.r, _share_counts(s, self.r.gpu_milli))
 
-    @cached_property
+    @_PerRequest
     def gpus_free(self) -> np.ndarray:
         """Eligible nodes where the GPUs fit now (CPU and memory aside)."""
         s, r = self.state, self.r
         return self.eligible & gpus_fit(s.free_milli, Shape.of(r), _share_counts(s, r.gpu_milli))
 
-    @cached_property
+    @_PerRequest
     def big_enough(self) -> np.ndarray:
         return self.model_nodes & (self.usable >= self.r.gpus_per_node)
 
-    @cached_property
+    @_PerRequest
     def fits(self) -> np.ndarray:
         return self.eligible & self.gpu_fit  # what fits_mask computes, from the masks already at hand
 
-    @cached_property
+    @_PerRequest
     def any_fit(self) -> bool:
         return bool(self.fits.any())
 
-    @cached_property
+    @_PerRequest
     def usable_here(self) -> np.ndarray:
         return self.eligible & self.big_enough
 

@@ -694,8 +694,9 @@ class ClusterState:
                or not 0 <= n.memory_mib <= MAX_AMOUNT for n in self.nodes):
             return False
         ws = self.workloads
-        ids = list(map(_ID_OF, ws))
-        if len(set(ids)) != len(ids) or not all(ids):
+        # the id index, built once here: its size checks that the ids are unique, and `workload_index` keeps it
+        index = dict(zip(map(_ID_OF, ws), range(len(ws)), strict=True))
+        if len(index) != len(ws) or not all(index):
             return False
         counts = np.fromiter((n.gpu_count for n in self.nodes), dtype=np.int64, count=len(self.nodes))
         own = ws if fresh is None else fresh
@@ -729,6 +730,7 @@ class ClusterState:
             if not bool((used <= MILLI).all()):
                 return False  # also a GPU listed twice by one placement: it holds 2+ GPUs, so whole ones (above)
         self.__dict__["_placed"] = (rr, cc, share, placed.prow, placed.cpu, placed.mem)  # what _arrays reads
+        self.__dict__["workload_index"] = MappingProxyType(index)  # the cached_property's own slot
         return True
 
     def _validate_exactly(self) -> None:
