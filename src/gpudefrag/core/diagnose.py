@@ -183,6 +183,9 @@ def _share_counts(state: ClusterState, gpu_milli: int) -> np.ndarray:
     return got  # type: ignore[return-value]
 
 
+_UNSET = object()
+
+
 class _PerRequest:
     """A `Facts` mask that reads only the state and the request: computed on first use, once per request and
     context, and shared by the Facts of every pending job with that request (a large snapshot's 200 pending
@@ -200,9 +203,6 @@ class _PerRequest:
         if got is _UNSET:
             got = shared[self.name] = self.fn(facts)
         return got
-
-
-_UNSET = object()
 
 
 class Facts:

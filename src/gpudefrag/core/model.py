@@ -289,6 +289,18 @@ _STATE_OF = operator.attrgetter("state")
 _NAME_OF = operator.attrgetter("name")
 _ID_OF = operator.attrgetter("id")
 _REQUEST_OF = operator.attrgetter("request")
+
+
+def _id_rows(workloads: Sequence[Workload]) -> dict[str, int]:
+    """Each workload's row by id (a repeated id keeps its last row)."""
+    return dict(zip(map(_ID_OF, workloads), range(len(workloads)), strict=True))
+
+
+def _unique_id_rows(workloads: Sequence[Workload]) -> dict[str, int] | None:
+    """`_id_rows`, or None when an id is empty or repeated. The checks that need the ids unique build the index
+    this way and keep it as `workload_index`, which would otherwise walk the ids again."""
+    index = _id_rows(workloads)
+    return index if len(index) == len(workloads) and all(index) else None
 _PLACEMENTS_OF = operator.attrgetter("placements")
 _last_nodes: list[tuple[tuple[Node, ...], _NodeArrays]] = []  # the one tuple of nodes `_node_arrays` keeps
 
@@ -389,8 +401,8 @@ class ClusterState:
         workload in order, when the caller keeps them too (a verdict stays while the workload object does): then
         `may_move(filter)` combines them with the flags instead of asking the filter of every workload again."""
         state = ClusterState(nodes=tuple(nodes), workloads=tuple(workloads), now=now, name=name)
-        ids = list(map(_ID_OF, state.workloads))
-        if len(set(ids)) != len(ids) or not all(ids):
+        index = _unique_id_rows(state.workloads)
+        if index is None:
             state._validate_exactly()  # names the duplicate or empty id
         arrays = _state_arrays(state.nodes, np.asarray(used, dtype=np.int32), np.asarray(cpu_used, dtype=np.int64),
                                np.asarray(mem_used, dtype=np.int64))
@@ -399,6 +411,8 @@ class ClusterState:
             state._validate_exactly()  # names the workload that overfills a GPU, CPU or memory
             raise ModelError("workloads", "the usage totals exceed a node's capacity")
         state.__dict__["_arrays"] = arrays  # the cached_property's own slot: what `_arrays` would compute
+        if index is not None:
+            state.__dict__["workload_index"] = MappingProxyType(index)
         if running_rows is not None:
             if running_rows.shape != (len(state.running), 9):
                 raise ModelError("running_rows", f"{running_rows.shape} rows for {len(state.running)} running "
@@ -444,7 +458,7 @@ class ClusterState:
 
     @cached_property
     def workload_index(self) -> Mapping[str, int]:
-        return MappingProxyType(dict(zip(map(_ID_OF, self.workloads), range(len(self.workloads)), strict=True)))
+        return MappingProxyType(_id_rows(self.workloads))
 
     def node(self, name: str) -> Node:
         return self.nodes[self.node_index[name]]
@@ -694,9 +708,8 @@ class ClusterState:
                or not 0 <= n.memory_mib <= MAX_AMOUNT for n in self.nodes):
             return False
         ws = self.workloads
-        # the id index, built once here: its size checks that the ids are unique, and `workload_index` keeps it
-        index = dict(zip(map(_ID_OF, ws), range(len(ws)), strict=True))
-        if len(index) != len(ws) or not all(index):
+        index = _unique_id_rows(ws)
+        if index is None:
             return False
         counts = np.fromiter((n.gpu_count for n in self.nodes), dtype=np.int64, count=len(self.nodes))
         own = ws if fresh is None else fresh
