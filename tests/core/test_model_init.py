@@ -41,7 +41,17 @@ def test_values_defaults_and_frozen() -> None:
 
 
 def _random_state(rng: random.Random) -> model.ClusterState:
-    nodes = tuple(Node(f"n{i}", rng.choice([0, 1, 2, 4])) for i in range(rng.randint(1, 4)))
+    def node(i: int) -> Node:  # now and then a field out of its bounds, a repeated or an empty name
+        bad = rng.random() < 0.15
+        flaw = rng.choice(["name", "dup", "count", "alloc", "cpu", "mem"]) if bad else ""
+        return Node("" if flaw == "name" else "n0" if flaw == "dup" else f"n{i}",
+                    -1 if flaw == "count" else rng.choice([0, 1, 2, 4]),
+                    gpu_allocatable=-1 if flaw == "alloc" else rng.choice([None, None, 0, 1, 8]),
+                    cpu_milli=rng.choice([-5, model.MAX_AMOUNT + 1]) if flaw == "cpu" else rng.choice([0, 4000]),
+                    memory_mib=rng.choice([-5, model.MAX_AMOUNT + 1]) if flaw == "mem" else rng.choice([0, 64]),
+                    mig_devices=rng.choice([{}, {}, {"1g.10gb": 0}, {"1g.10gb": 2}]))
+
+    nodes = tuple(node(i) for i in range(rng.randint(1, 4)))
     workloads = []
 
     def extra() -> int:  # now and then one GPU or placement more or less than asked
@@ -74,5 +84,8 @@ def test_the_quick_check_agrees_with_the_exact_walk() -> None:
         except model.ModelError:
             exact = False
         assert state._looks_valid() is exact, state
+        if exact:  # the node arrays read the properties only where they can differ from the plain case
+            assert state.usable_counts.tolist() == [n.usable_gpus for n in state.nodes]
+            assert state.mig_mask.tolist() == [n.has_mig for n in state.nodes]
         seen[exact] += 1
     assert min(seen.values()) > 300  # both kinds were tried

@@ -267,6 +267,21 @@ def test_a_repeated_key_is_refused_by_both_readers(text: str, where: str):
     assert e.value.where == where
 
 
+def test_a_repeated_key_in_a_large_document_is_refused_on_the_fast_path():
+    """Documents past 64 KiB count their ':' with NumPy (fileio._colons), small ones with bytes.count: a repeated
+    key deep in a large one is caught the same way, and the same document without it reads fast."""
+    nodes = ", ".join(f'{{"name": "n{i}", "gpus": 8, "labels": {{"zone": "a:{i}"}}}}' for i in range(2000))
+    good = f'{{"nodes": [{nodes}]}}'.encode()
+    bad = good.replace(b'"name": "n1500", "gpus": 8', b'"name": "n1500", "gpus": 8, "gpus": 4')
+    assert len(good) > 65536 and bad != good
+    state = read_fast(good, "snap.json")
+    assert state is not None and len(state.nodes) == 2000
+    assert read_fast(bad, "snap.json") is None
+    with pytest.raises(InputError, match="duplicate key") as e:
+        read_careful(bad, "snap.json")
+    assert e.value.where == "nodes[1500].gpus"
+
+
 def test_an_escaped_colon_is_read_like_a_plain_one():
     """The duplicate check counts ':' outside and inside strings; a ':' written as \\u003a would miscount, so
     such a document takes the careful path, and reads the same."""
