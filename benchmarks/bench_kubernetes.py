@@ -432,6 +432,7 @@ def _live(n: int, repeat: int) -> list[Row]:
             th = threading.Thread(target=loop, daemon=True)
             th.start()
             lat = []
+            wall = time.time() - time.perf_counter()  # perf_counter -> wall clock (the audit log's times)
             # where each latency went: the create call, its ADDED event reaching the model after the call
             # returned, the cycle that decided beginning after that, and that cycle's own time
             split: list[tuple[float, float, float, float]] = []
@@ -450,6 +451,12 @@ def _live(n: int, repeat: int) -> list[Row]:
                     split.append((t_made - t, got - t_made, deciding[0] - got, deciding[1] - deciding[0]))
                 core.delete_namespaced_pod(name, "ml", grace_period_seconds=0)  # the next one is the oldest
                 time.sleep(1)
+            # from the API server's receipt of each create (its audit log): the pod exists no earlier, so this
+            # bounds creation -> decision from above without the client's side of the call (in this process,
+            # beside the controller's thread); from the call's start (`lat`) it is said beside
+            received = _audit_received(Path(d) / "logs" / "audit.log", "ml", [f"late-{k}" for k in range(5)])
+            server = sorted(seen.get(f"ml/late-{k}", float("inf")) + wall - received.get(f"late-{k}", float("-inf"))
+                            for k in range(5))
             lat.sort()
             # a steady minute with churn: the controller's loop runs, pods come and go every 2 s
             before, t_req = _list_get(kubectl, kc), time.monotonic()
@@ -493,9 +500,11 @@ def _live(n: int, repeat: int) -> list[Row]:
             f"per cycle {min(converted)}-{max(converted)}; equal to a fresh full conversion of the same objects "
             f"(each kind listed at the resourceVersion its watch had reached): {same} ({eq_s:.0f} s to list)"
             + (f"; {differ}" if differ else "")),
-        Row("kubernetes", "creation -> decision (pending trigger longer_than_s 0), median of 5", lat[2], "s",
-            "<= 2 s + trigger", lat[2] <= 2.0 and lat[-1] <= 2.0,
-            note=f"all: {', '.join(f'{x:.2f}' for x in lat)} s; per pod (in creation order) create call / its "
+        Row("kubernetes", "creation -> decision (pending trigger longer_than_s 0), median of 5: from the API "
+            "server's receipt of the create (audit log)", server[2], "s", "<= 2 s + trigger",
+            server[2] <= 2.0 and server[-1] <= 2.0,
+            note=f"all: {', '.join(f'{x:.2f}' for x in server)} s; from the client's call start: "
+            f"{', '.join(f'{x:.2f}' for x in lat)} s; per pod (in creation order) create call / its "
             f"ADDED event reached the model after / the deciding cycle began after that / took: "
             f"{', '.join('/'.join(f'{x:.2f}' for x in row) for row in split)} s; watch events per minute while the "
             f"loop ran: " + ", ".join(f"{k} {v * 60 / events_min:.0f}" for k, v in kinds.most_common(8))),
@@ -510,6 +519,23 @@ def _live(n: int, repeat: int) -> list[Row]:
         Row("kubernetes", "bench process RSS with the controller's model (steady state)", rss, "MiB", "<= 2 GiB",
             rss <= 2048, note=f"{rss - rss0:.0f} MiB more than before the controller started"),
     ]
+
+
+def _audit_received(log: Path, namespace: str, names: list[str]) -> dict[str, float]:
+    """When the API server received the create of each named pod (wall clock, from its audit log's
+    requestReceivedTimestamp, microseconds): the first successful create of that name."""
+    from datetime import datetime
+
+    got: dict[str, float] = {}
+    want = set(names)
+    for line in log.read_text().splitlines():
+        ev = json.loads(line)
+        ref = ev.get("objectRef") or {}
+        name = ref.get("name")
+        if (ev.get("verb") == "create" and ref.get("resource") == "pods" and ref.get("namespace") == namespace
+                and name in want and name not in got and (ev.get("responseStatus") or {}).get("code") == 201):
+            got[name] = datetime.fromisoformat(ev["requestReceivedTimestamp"]).timestamp()
+    return got
 
 
 def _event_kind(feed: str, typ: str, old: dict[str, Any] | None, new: dict[str, Any]) -> str:
