@@ -410,3 +410,30 @@ def test_cpu_held_by_a_job_the_filter_lets_move_is_moved_and_one_it_keeps_is_a_s
     assert not any(d.kind == "trigger" for d in r.decisions) and not r.plans
     assert any(d.kind == "skip" and "cpu-or-memory" in d.reason for d in r.decisions), r.decisions
     assert j2.all() == [] and sim2.calls == []
+
+
+def test_a_job_no_plan_can_help_does_not_keep_the_next_waiting(tmp_path: Path) -> None:
+    """The oldest pending job (8 GPUs) needs two moves, the policy allows one per plan: no plan helps it. The
+    next two (4 GPUs) need one each. With `max_tries_per_cycle` 1 the cycle stops at the first job, as the trigger
+    once did (oldest only); by default it goes on to the second, and starts `max_plans_per_cycle` plans."""
+    from gpudefrag.core.model import ClusterState, Request, Workload, WorkloadState
+
+    from .conftest import fragmented_state
+
+    base = fragmented_state()
+    young = [Workload(f"four{k}", Request(4, partition="gpu"), state=WorkloadState.PENDING, name=f"four{k}",
+                      submitted_at=200.0 + k) for k in range(2)]
+    state = ClusterState.build(base.nodes, (*base.workloads, *young), now=1000.0)
+    pol = {**POLICY, "budgets": {**POLICY["budgets"], "max_moves_per_plan": 1}}
+    _sim, c, _ = setup(state, tmp_path / "one", {**pol, "budgets": {**pol["budgets"], "max_tries_per_cycle": 1}},
+                       dry_run=True)
+    r = c.cycle()
+    assert [p.feasible for p in r.plans] == [False] and not any(d.kind == "dry-run" for d in r.decisions)
+    _sim, c, _ = setup(state, tmp_path / "four", pol, dry_run=True)
+    r = c.cycle()
+    assert [p.feasible for p in r.plans] == [False, True]  # the third is not planned: one plan a cycle
+    assert [d.detail["workload"] for d in r.decisions if d.kind == "dry-run"] == ["four0"]
+    _sim, c, _ = setup(state, tmp_path / "two", {**pol, "budgets": {**pol["budgets"], "max_plans_per_cycle": 2}},
+                       dry_run=True)
+    r = c.cycle()
+    assert [d.detail["workload"] for d in r.decisions if d.kind == "dry-run"] == ["four0", "four1"]

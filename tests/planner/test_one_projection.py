@@ -33,7 +33,7 @@ def test_each_default_lives_in_one_place() -> None:
     # the executor's and the moves' defaults are the default policy's
     assert ExecutorConfig() == ExecutorConfig.from_policy(Policy())
     assert {f.name for f in dataclasses.fields(ExecutorConfig)} == set(Budgets.model_fields) - {
-        "max_moves_per_plan", "max_plans_per_cycle"} | {"fallback"}
+        "max_moves_per_plan", "max_plans_per_cycle", "max_tries_per_cycle"} | {"fallback"}
     mo, b = MoveOptions(), Budgets()
     assert (mo.ready_timeout_s, mo.checkpoint_timeout_s) == (b.restore_timeout_s, b.checkpoint_timeout_s)
 

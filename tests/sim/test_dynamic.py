@@ -331,3 +331,36 @@ def test_decider_moves_the_cpu_only_pod_that_holds_the_cpu_where_the_gpus_are_fr
         assert [c.code.value for c in kept.last.blocked_by] == ["cpu-or-memory"]
         assert kept.last.planned_anyway is anyway and (kept.last.plan is not None) is anyway
         assert not kept.last.feasible and placed.pods[0][1].node == 0
+
+
+def test_a_head_no_plan_can_help_does_not_keep_the_next_pod_waiting():
+    """H, at the head of the queue, fits only node a (its CPU), where A runs with a checkpoint the policy's filter
+    keeps from moving: no plan helps H. C behind it needs one small move. The pending trigger tries the queued
+    pods oldest first (`budgets.max_tries_per_cycle`, as the controller does): C is moved for at the first check
+    past the trigger; with one try a cycle it waits behind H until A ends."""
+    from gpudefrag.policy.models import Budgets, Filter, PendingTrigger, Policy, Trigger
+
+    spec = WorkloadSpec(nodes=3, gpus_per_node=2, jobs=8)
+    small = Pod(1, 1000, 8000, 1024)
+    jobs = (Job(0, Pod(1, 1000, 8000, 200 * GIB_MIB), 0.0, 10_000.0),  # A on a/0
+            Job(1, small, 0.1, 100.0),  # a/1 until 100
+            Job(2, small, 1.0, 10_000.0),  # D on b/0
+            Job(3, small, 1.1, 100.0),  # b/1 until 100
+            Job(4, small, 2.0, 10_000.0),  # F on c/0
+            Job(5, small, 2.1, 100.0),  # c/1 until 100
+            Job(6, Pod(2, 1000, 100_000, 1024), 150.0, 1_000.0),  # H: 100 cores, only node a has them
+            Job(7, Pod(2, 1000, 16_000, 1024), 200.0, 1_000.0))  # C
+    cl = Cluster.build(["a", "b", "c"], [2, 2, 2], ["G2"] * 3, [200_000, 64_000, 64_000], [0, 0, 0])
+
+    def run(budgets: Budgets):  # type: ignore[no-untyped-def]
+        product = Policy(trigger=Trigger(pending=PendingTrigger(longer_than_s=60)),
+                         filter=Filter(max_checkpoint_size=100 * 2**30), budgets=budgets)
+        return simulate(Workload(spec, jobs), DynamicConfig(policy="firstfit", defrag="migrate", product=product,
+                                                            check_every_s=60), cl)
+
+    r = run(Budgets())
+    assert [log[1:3] for log in r.move_log][:1] in ([("pod-2", "b")], [("pod-4", "c")])  # D or F made room
+    assert r.start[7] < 400 and r.start[7] >= 260  # C: at a decision point past its trigger
+    assert r.start[6] >= 10_000  # H: only once A ended
+    one = run(Budgets(max_tries_per_cycle=1))
+    assert one.start[7] >= 10_000 and all(t >= 10_000 for t, *_ in one.move_log)

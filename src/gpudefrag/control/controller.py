@@ -126,7 +126,10 @@ class Controller:
         busy = self.executor.busy_workloads() if self.executor is not None else set()
         busy |= {m.workload_id for p in self.plans.values() for m in p.remaining()}
         planned_for = self._in_flight_for()
+        started = 0  # plans started (or, dry run, that would be): the targets after the budget's are left
         for t in targets:
+            if started >= self.policy.budgets.max_plans_per_cycle:
+                break
             if t.workload_id is not None and t.workload_id in planned_for:
                 decisions.append(CycleEvent("skip", f"moves for {t.workload_id} are already in flight",
                                           {"workload": t.workload_id}))
@@ -158,6 +161,7 @@ class Controller:
                                       {"workload": t.workload_id, "moves": moves, "target_node": plan.target_node}))
             if self.policy.action.kind == "never":
                 continue
+            started += 1
             if self.dry_run:
                 decisions.append(CycleEvent("dry-run", f"would move {', '.join(moves) or 'nothing'}",
                                           {"workload": t.workload_id, "moves": moves}))
@@ -289,7 +293,8 @@ class Controller:
         if tr.cron is not None:
             self._last_cron = now if self._last_cron is None or cron else self._last_cron
         busy = self.executor.busy_workloads() if self.executor is not None else set()
-        ctx = TriggerContext(state, now, tr, self.policy.budgets.max_plans_per_cycle, requested=requested,
+        b = self.policy.budgets
+        ctx = TriggerContext(state, now, tr, max(b.max_tries_per_cycle, b.max_plans_per_cycle), requested=requested,
                              cron_due=cron, plan_anyway=self.plan_anyway, movable=self.options(busy).movable)
         targets = evaluate(ctx)
         self.next_due = pending_due(state, now, tr)

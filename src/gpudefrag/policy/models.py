@@ -146,7 +146,11 @@ class Budgets(Strict):
     max_concurrent: Annotated[int, Field(ge=1)] = 2  # migrations in flight, cluster-wide
     max_per_node: Annotated[int, Field(ge=1)] = 1  # migrations in flight touching one node (source or target)
     max_moves_per_plan: Annotated[int, Field(ge=1)] = PlanOptions.max_moves  # the planner's default
-    max_plans_per_cycle: Annotated[int, Field(ge=1)] = 1  # pending jobs planned for per cycle, oldest first
+    max_plans_per_cycle: Annotated[int, Field(ge=1)] = 1  # plans started per cycle, for pending jobs oldest first
+    # pending jobs (fragmented, past the trigger) the decision is asked for per cycle, oldest first, until
+    # max_plans_per_cycle plans are found: a job no plan can help (no node can be cleared for it) does not keep
+    # the jobs behind it from being helped. Each try is one planner run
+    max_tries_per_cycle: Annotated[int, Field(ge=1)] = 4
     max_per_hour: Annotated[int, Field(ge=0)] | None = None
     checkpoint_timeout_s: PosSeconds = 300.0
     restore_timeout_s: PosSeconds = 300.0

@@ -90,7 +90,9 @@ class TriggerContext:
     state: ClusterState
     now: float
     trigger: Trigger  # the policy's `trigger:` section
-    max_plans_per_cycle: int = 1  # the policy's budgets.max_plans_per_cycle
+    # pending jobs the pending trigger hands on per cycle, oldest first: the policy's budgets.max_tries_per_cycle
+    # (at least max_plans_per_cycle); the controller asks the decision of each in turn until enough plans start
+    max_targets: int = 1
     requested: bool = False  # an explicit request (CLI / API) arrived since the last cycle
     cron_due: bool = False  # the cron schedule fired since the last cycle
     plan_anyway: bool = False  # asked in so many words (`--plan-anyway`): move even for a job a hold/limit blocks
@@ -168,17 +170,18 @@ def evaluate(ctx: TriggerContext) -> list[Target]:
 
 @trigger("pending", PendingSettings)
 def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target]:
-    """Up to `max_plans_per_cycle` pending GPU jobs, oldest first, that waited long enough and whose decision is
+    """Up to `max_targets` pending GPU jobs, oldest first, that waited long enough and whose decision is
     "fragmentation alone" (the scheduler's own reason is part of the diagnosis, for every engine). Jobs an
     ordinary cause keeps waiting are noted with their causes and skipped. Diagnosis stops once enough are found
-    (the rest wait for later cycles)."""
+    (the rest wait for later cycles). More than the plans a cycle may start: the oldest job may be one that no
+    plan can help, and it must not keep the jobs behind it waiting."""
     from ..core.decision import decide_all
     from ..core.planner import PlanOptions
 
     pt = ctx.trigger.pending
     if pt is None:
         return []
-    limit = ctx.max_plans_per_cycle
+    limit = ctx.max_targets
     waited: dict[str, float] = {}
     for w in ctx.state.pending:
         if w.request.gpus_per_node < pt.min_gpus and w.request.mig_profile is None:

@@ -230,9 +230,11 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
                                    cost_model=sim.cost, requeue_evicted=True)
     elif cfg.defrag == "migrate" and not cfg.pooled:
         heartbeat = cfg.product.action.heartbeat if cfg.product is not None else None
+        budgets = (cfg.product or Policy()).budgets
         decider = Decider(cl, placed, migrate_options(cfg, sim.cost), cfg.check_every_s,
                           heartbeat.every_s if heartbeat is not None else None,
-                          plan_anyway=cfg.product is not None and cfg.product.trigger.plan_anyway)
+                          plan_anyway=cfg.product is not None and cfg.product.trigger.plan_anyway,
+                          max_tries=budgets.max_tries_per_cycle, max_plans=budgets.max_plans_per_cycle)
     elif cfg.defrag not in ("none", "evict", "migrate", "deschedule"):
         raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict | deschedule)")
     for j in wl.jobs:
@@ -286,24 +288,40 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         sim.push(v.end, END, sim.by_pid[pid] * 1024 + (v.version % 1024))
 
     def try_migrate() -> None:
+        """The policy's pending trigger as the controller runs it (`policy.triggers.pending_fragmented`): the
+        queued jobs past the trigger, oldest first, each asked the decision until `max_plans_per_cycle` plans
+        are applied or `max_tries_per_cycle` decisions reached the planner — a job no plan can help does not
+        keep the ones behind it waiting. Jobs of one shape get one answer (the same state, the same decision):
+        only the first of each is asked."""
         assert decider is not None
-        jid = sim.queue[0]
-        head = sim.runs[jid]
-        if not decider.wants(jid, sim.now, sim.version, sim.freed):
-            return
-        choice = decider.rescue(jid, head.job.pod, head.queued_at, sim.started, sim.now, sim.version, sim.freed)
-        if choice is None:
-            return
-        sim.freed += 1
-        sim.queue.pop(0)
-        for pid, was, new, down, lost in decider.last_moved:
-            sim.stats.moves += 1
-            record_move(sim.stats, placed.pods[pid][0], cl, was, new, sim.cost)
-            sim.move_log.append((sim.now, f"pod-{pid}", cl.names[was.node], cl.names[new.node], new.gpus))
-            delay(pid, down, lost)
-        sim.version += 1
-        start(jid, choice, True)
-        schedule()
+        asked: set[Pod] = set()
+        tries = plans = 0
+        for jid in list(sim.queue):
+            if tries >= decider.max_tries or plans >= decider.max_plans:
+                return
+            head = sim.runs[jid]
+            if head.job.pod in asked or sim.now - head.queued_at < cfg.trigger or jid not in sim.queue:
+                continue
+            asked.add(head.job.pod)
+            if not decider.wants(jid, sim.now, sim.version, sim.freed):
+                continue
+            choice = decider.rescue(jid, head.job.pod, head.queued_at, sim.started, sim.now, sim.version,
+                                    sim.freed)
+            tries += decider.last is not None and decider.last.plan is not None
+            if choice is None:
+                continue
+            plans += 1
+            sim.freed += 1
+            sim.queue.remove(jid)
+            for pid, was, new, down, lost in decider.last_moved:
+                sim.stats.moves += 1
+                record_move(sim.stats, placed.pods[pid][0], cl, was, new, sim.cost)
+                sim.move_log.append((sim.now, f"pod-{pid}", cl.names[was.node], cl.names[new.node], new.gpus))
+                delay(pid, down, lost)
+            sim.version += 1
+            start(jid, choice, True)
+            schedule()
+            asked.clear()  # the cluster changed: a shape's answer may differ now
 
     def evicted(pid: int) -> _Run:
         """A pod evicted without an application checkpoint: its elapsed work is lost, it starts over."""
@@ -466,16 +484,19 @@ class Decider:
     the arrays with the capacity model's own `place`/`remove` (one statement: all or nothing)."""
 
     def __init__(self, cl: Cluster, placed: Placed, options: PlanOptions, recheck_s: float = 60.0,
-                 heartbeat_s: float | None = None, plan_anyway: bool = False) -> None:
+                 heartbeat_s: float | None = None, plan_anyway: bool = False, max_tries: int = 4,
+                 max_plans: int = 1) -> None:
         self.cl, self.placed, self.options, self.recheck_s = cl, placed, options, recheck_s
+        self.max_tries, self.max_plans = max_tries, max_plans  # the policy's budgets, per decision point
         self.plan_anyway = plan_anyway  # the policy's trigger.plan_anyway: plan although an ordinary cause blocks
         self.heartbeat_s = heartbeat_s  # the policy's heartbeat checkpoints: every so many seconds of a job's run
         self.node_index = {n: i for i, n in enumerate(cl.names)}
         self.asked = 0
         self.last: Decision | None = None
         self.last_moved: list[tuple[int, Choice, Choice, float, float]] = []  # pid, from, to, downtime, lost (s)
-        # the last "do nothing": head job, cluster version, room version, when, and whether no plan was feasible
-        self._seen: tuple[int, int, int | None, float, bool] | None = None
+        # per queued job, its last "do nothing": cluster version, room version, when, and whether no plan was
+        # feasible (dropped when the job starts through a plan; a job started by the scheduler is not asked again)
+        self._seen: dict[int, tuple[int, int | None, float, bool]] = {}
         # per pod id, what the decision's input holds of each placed job, kept between decisions (the jobs change
         # little from one to the next, so only those `Placed.stamps` says were placed, moved or dropped since,
         # and those whose heartbeat may have passed, are made again): whether it is placed, the stamp seen, its
@@ -568,12 +589,12 @@ class Decider:
         or was evicted). A start only takes room: a plan feasible after it would, less the new job's moves, have
         been feasible before (freeing room never hurts a plan), so "no plan" stays the answer until room comes
         back or time moves on (prices and heartbeats change with time; the recheck sees to them)."""
-        seen = self._seen
-        if seen is None or seen[0] != jid or now - seen[3] >= self.recheck_s:
+        seen = self._seen.get(jid)
+        if seen is None or now - seen[2] >= self.recheck_s:
             return True
-        if seen[1] == version:
+        if seen[0] == version:
             return False
-        return not (seen[4] and freed is not None and seen[2] == freed)
+        return not (seen[3] and freed is not None and seen[1] == freed)
 
     def rescue(self, jid: int, pod: Pod, queued_at: float, started: Mapping[int, float], now: float,
                version: int, freed: int | None = None) -> Choice | None:
@@ -586,7 +607,10 @@ class Decider:
         self.asked += 1
         d = self.last = decide(state, head, self.options, plan_anyway=self.plan_anyway)
         choice = self._apply(d, pod) if d.chosen == MOVE and d.feasible and d.plan is not None else None
-        self._seen = None if choice is not None else (jid, version, freed, now, not d.feasible)
+        if choice is not None:
+            self._seen.pop(jid, None)
+        else:
+            self._seen[jid] = (version, freed, now, not d.feasible)
         return choice
 
     def _apply(self, d: Decision, pod: Pod) -> Choice | None:
