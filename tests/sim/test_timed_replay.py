@@ -16,12 +16,14 @@ from gpudefrag.sim.timed import (
     ArmRun,
     ReplaySpec,
     build,
+    config_for,
     drawn_times,
     load_factor,
     own_times,
     parse_window,
     peak_demand,
     run_arm,
+    runs_for,
 )
 from gpudefrag.sim.trace import load_pods
 
@@ -261,3 +263,16 @@ def test_deschedule_passes_keep_a_minimum_interval_whatever_the_trigger(tmp_path
     assert 1 <= r.decisions <= math.ceil(1000 / 60) + 1
     slow = run_arm(ArmRun(spec, "fgd+deschedule", trigger_s=200))
     assert 1 <= slow.decisions <= math.ceil(800 / 200) + 1
+
+
+def test_the_default_trigger_is_the_product_default_policys() -> None:
+    """Every arm waits as long as the product's default policy before acting, unless told otherwise: the replay
+    keeps no trigger of its own (it once acted at 300 s where the product acts at 60)."""
+    from gpudefrag.policy.models import Policy
+
+    spec = ReplaySpec("n.csv", "p.csv")
+    product = Policy().trigger.pending
+    assert product is not None
+    for arm in ("fgd+gpudefrag", "fgd+deschedule", "fgd+evict"):
+        assert config_for(ArmRun(spec, arm)).trigger == product.longer_than_s
+    assert {r.trigger_s for r in runs_for([spec], ["fgd"])} == {product.longer_than_s}

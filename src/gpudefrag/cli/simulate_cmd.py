@@ -299,7 +299,8 @@ def replay_cmd(
                              help="Arms to run on the same arrivals"),
     policy: Path = typer.Option(None, "--policy", help="The gpudefrag arm's policy file (default: act on a pod "
                                 "pending longer than --trigger, heartbeat checkpoints every --heartbeat)"),
-    trigger: float = typer.Option(300.0, "--trigger", help="Act when the head pod has waited longer (s)"),
+    trigger: float | None = typer.Option(None, "--trigger", show_default=False, help="Act on pods that have waited "
+                                         "longer (s); default: the product's default policy's pending trigger (60 s)"),
     heartbeat: float = typer.Option(1800.0, "--heartbeat", help="The default policy's heartbeat checkpoints (s)"),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
     ray: str = typer.Option(None, "--ray", help="Run the sweep as Ray tasks on the cluster at ADDRESS, or on a "
@@ -312,7 +313,7 @@ def replay_cmd(
     from ..sim.replay_report import table_markdown, write_replay
     from ..sim.report import staged_folder
     from ..sim.sweep import run_tasks
-    from ..sim.timed import ARMS, ReplaySpec, build, parse_window, run_arm, runs_for
+    from ..sim.timed import ARMS, DEFAULT_TRIGGER_S, ReplaySpec, build, parse_window, run_arm, runs_for
 
     pols = _split(policies, list(POLICIES), "--policies")
     arm_list = _split(arms, ARMS, "--arms")
@@ -323,6 +324,7 @@ def replay_cmd(
         raise InputError("--load", "", f"expected shares such as 0.9 or 0.8,0.9, got {load!r}") from None
     if not loads or not all(0 <= x < float("inf") for x in loads):
         raise InputError("--load", "", f"expected shares >= 0 (0: the trace's own timeline), got {load!r}")
+    trigger = DEFAULT_TRIGGER_S if trigger is None else trigger
     _non_negative(("--trigger", trigger), ("--workers", workers))
     if not heartbeat > 0:
         raise InputError("--heartbeat", "", f"must be > 0, got {heartbeat}")

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..core.model import MILLI
 from ..errors import InputError
+from ..policy.models import PendingTrigger
 from .dynamic import DynamicConfig, DynamicResult, simulate
 from .synthetic import Job, Workload, WorkloadSpec
 from .trace import Trace, TracePod, load_nodes, load_pods
@@ -227,6 +228,11 @@ def _built(spec: ReplaySpec) -> TimedWorkload:
 
 
 # ---------------------------------------------------------------------------------------------------------- arms
+# The trigger every arm acts on unless told otherwise: the product's default policy's pending trigger (the
+# replay's default gpudefrag arm is that policy; the eviction arms wait as long, for a fair comparison)
+DEFAULT_TRIGGER_S = PendingTrigger().longer_than_s
+
+
 @dataclass(frozen=True)
 class ArmRun:
     """One arm of one replay: the workload, the placement policy, the arm, and the controller's settings."""
@@ -234,7 +240,7 @@ class ArmRun:
     spec: ReplaySpec
     arm: str  # one of ARMS
     placement: str = "fgd"
-    trigger_s: float = 300.0
+    trigger_s: float = DEFAULT_TRIGGER_S
     product_policy: str = ""  # a policy file for the gpudefrag arm ("" = the default policy of the replay)
     heartbeat_s: float = 1800.0  # the default policy's heartbeat checkpoints
 
@@ -398,7 +404,8 @@ def combine(results: Sequence[ArmResult]) -> dict[str, dict[str, object]]:
 
 
 def runs_for(specs: Sequence[ReplaySpec], placements: Sequence[str], arms: Sequence[str] = ARMS,
-             trigger_s: float = 300.0, product_policy: str = "", heartbeat_s: float = 1800.0) -> list[ArmRun]:
+             trigger_s: float = DEFAULT_TRIGGER_S, product_policy: str = "",
+             heartbeat_s: float = 1800.0) -> list[ArmRun]:
     """The sweep: every spec (list × load × seed) × placement policy × arm; the pooled bound once per spec."""
     out = []
     for s in specs:
