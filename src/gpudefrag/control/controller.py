@@ -293,8 +293,7 @@ class Controller:
         if tr.cron is not None:
             self._last_cron = now if self._last_cron is None or cron else self._last_cron
         busy = self.executor.busy_workloads() if self.executor is not None else set()
-        b = self.policy.budgets
-        ctx = TriggerContext(state, now, tr, max(b.max_tries_per_cycle, b.max_plans_per_cycle), requested=requested,
+        ctx = TriggerContext(state, now, tr, self.policy.budgets.tries_per_cycle, requested=requested,
                              cron_due=cron, plan_anyway=self.plan_anyway, movable=self.options(busy).movable)
         targets = evaluate(ctx)
         self.next_due = pending_due(state, now, tr)

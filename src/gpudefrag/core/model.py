@@ -289,6 +289,14 @@ _STATE_OF = operator.attrgetter("state")
 _NAME_OF = operator.attrgetter("name")
 _ID_OF = operator.attrgetter("id")
 _REQUEST_OF = operator.attrgetter("request")
+_PLACEMENTS_OF = operator.attrgetter("placements")
+_SCHEDULABLE_OF = operator.attrgetter("schedulable")
+_ALLOCATABLE_OF = operator.attrgetter("gpu_allocatable")
+_MIG_OF = operator.attrgetter("mig_devices")
+_GPU_COUNT_OF = operator.attrgetter("gpu_count")
+_CPU_OF = operator.attrgetter("cpu_milli")
+_MEMORY_OF = operator.attrgetter("memory_mib")
+_last_nodes: list[tuple[tuple[Node, ...], _NodeArrays]] = []  # the one tuple of nodes `_node_arrays` keeps
 
 
 def _id_rows(workloads: Sequence[Workload]) -> dict[str, int]:
@@ -301,14 +309,6 @@ def _unique_id_rows(workloads: Sequence[Workload]) -> dict[str, int] | None:
     this way and keep it as `workload_index`, which would otherwise walk the ids again."""
     index = _id_rows(workloads)
     return index if len(index) == len(workloads) and all(index) else None
-_PLACEMENTS_OF = operator.attrgetter("placements")
-_SCHEDULABLE_OF = operator.attrgetter("schedulable")
-_ALLOCATABLE_OF = operator.attrgetter("gpu_allocatable")
-_MIG_OF = operator.attrgetter("mig_devices")
-_GPU_COUNT_OF = operator.attrgetter("gpu_count")
-_CPU_OF = operator.attrgetter("cpu_milli")
-_MEMORY_OF = operator.attrgetter("memory_mib")
-_last_nodes: list[tuple[tuple[Node, ...], _NodeArrays]] = []  # the one tuple of nodes `_node_arrays` keeps
 
 
 def running_mask(workloads: Sequence[Workload]) -> np.ndarray:
@@ -327,8 +327,8 @@ def _node_arrays(nodes: tuple[Node, ...]) -> _NodeArrays:
     if last is not None and last[0] is nodes:
         return last[1]
     n = len(nodes)
-    count, cpu, mem = (np.fromiter(map(operator.attrgetter(a), nodes), dtype=np.int64, count=n)
-                       for a in ("gpu_count", "cpu_milli", "memory_mib"))
+    count, cpu, mem = (np.fromiter(map(get, nodes), dtype=np.int64, count=n)
+                       for get in (_GPU_COUNT_OF, _CPU_OF, _MEMORY_OF))
     schedulable = np.fromiter(map(_SCHEDULABLE_OF, nodes), dtype=bool, count=n)
     # Node.usable_gpus and Node.has_mig, read only where they can differ from the plain case (a node whose
     # allocatable is given; one with MIG devices listed): 10,000 property calls were a tenth of building a state

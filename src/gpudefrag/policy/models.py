@@ -155,6 +155,12 @@ class Budgets(Strict):
     checkpoint_timeout_s: PosSeconds = 300.0
     restore_timeout_s: PosSeconds = 300.0
 
+    @property
+    def tries_per_cycle(self) -> int:
+        """Pending jobs asked the decision per cycle: `max_tries_per_cycle`, but never fewer than the plans a cycle
+        may start. The controller and the replay both read it here."""
+        return max(self.max_tries_per_cycle, self.max_plans_per_cycle)
+
 
 Rule = Literal["exact", "minor", "major", "at-least", "any"]
 

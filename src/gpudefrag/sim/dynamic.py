@@ -234,7 +234,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         decider = Decider(cl, placed, migrate_options(cfg, sim.cost), cfg.check_every_s,
                           heartbeat.every_s if heartbeat is not None else None,
                           plan_anyway=cfg.product is not None and cfg.product.trigger.plan_anyway,
-                          max_tries=budgets.max_tries_per_cycle, max_plans=budgets.max_plans_per_cycle)
+                          max_tries=budgets.tries_per_cycle, max_plans=budgets.max_plans_per_cycle)
     elif cfg.defrag not in ("none", "evict", "migrate", "deschedule"):
         raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict | deschedule)")
     for j in wl.jobs:
@@ -299,11 +299,14 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         assert decider is not None
         asked: set[Pod] = set()
         tries = plans = 0
+        queued = set(sim.queue)  # remade after a plan: `schedule` may start queued jobs
         for jid in list(sim.queue):
             if tries >= decider.max_tries or plans >= decider.max_plans:
                 return
             head = sim.runs[jid]
-            if head.job.pod in asked or sim.now - head.queued_at < cfg.trigger or jid not in sim.queue:
+            if sim.now - head.queued_at < cfg.trigger:
+                return  # the queue is in arrival order: no job behind this one has waited longer
+            if head.job.pod in asked or jid not in queued:
                 continue
             asked.add(head.job.pod)
             if not decider.wants(jid, sim.now, sim.version, sim.freed):
@@ -325,6 +328,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
             start(jid, choice, True)
             schedule()
             asked.clear()  # the cluster changed: a shape's answer may differ now
+            queued = set(sim.queue)
 
     def evicted(pid: int) -> _Run:
         """A pod evicted without an application checkpoint: its elapsed work is lost, it starts over."""
