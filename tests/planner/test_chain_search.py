@@ -11,7 +11,7 @@ from itertools import combinations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gpudefrag.core import planner_heuristic as ph
@@ -19,7 +19,7 @@ from gpudefrag.core.model import ClusterState, Node, Placement, Request, Workloa
 from gpudefrag.core.planner import Plan, PlanOptions, plan_moves
 from gpudefrag.core.planner_problem import Part, Problem, Work, parts_of
 
-from .test_property import options, problems
+from .test_property import assert_valid, options, problems
 
 
 @st.composite
@@ -298,3 +298,29 @@ def test_the_chain_sets_are_the_fitting_ones_of_the_first_sets_in_cost_order(cas
                 got = ph._chain_sets(p, work, c, items, max_size, shape)
                 assert list(got) == want
                 assert ph._chain_sets(p, work, c, items, max_size, shape) is got
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases, st.integers(1, 6))
+def test_the_search_limit_cuts_only_searches_that_reach_it(case, limit):
+    """`PlanOptions.search_limit`: a search that needs fewer trials gives the plan an unbounded one gives, without
+    a note; one that reaches it stops there, says so (in the notes of a plan it found, or in the reason when it
+    found none), and any plan it keeps is still a valid one."""
+    (state, request), opts = case
+    free = dataclasses.replace(opts, solver="heuristic", search_limit=10**9)
+    probe = Problem(state, free)
+    ph.solve(probe, parts_of(state, [request]))
+    event("cut" if probe.trials > limit else "not cut")
+    bounded = dataclasses.replace(free, search_limit=limit)
+    got = plan_moves(state, request, bounded)
+    said = " ".join(got.explain) + " " + got.reason
+    if probe.trials <= limit:
+        assert _key(got) == _key(plan_moves(state, request, free))
+        assert "search_limit" not in said
+    else:
+        assert f"limit of {limit} trials" in said
+        p = Problem(state, bounded)
+        ph.solve(p, parts_of(state, [request]))
+        assert p.cut and p.trials == limit
+        if got.feasible:
+            assert_valid(state, got, bounded)

@@ -27,6 +27,7 @@ def test_each_default_lives_in_one_place() -> None:
     # the planner's own defaults are the policy's
     assert plan_options().max_moves == PlanOptions().max_moves == Budgets().max_moves_per_plan
     assert plan_options().time_limit_s == PlanOptions().time_limit_s == Policy().planner_time_limit_s
+    assert plan_options().search_limit == PlanOptions().search_limit == Policy().planner_search_limit
     # the policy's compat section mirrors the rule, field for field and default for default
     assert CompatRule(**Compat().model_dump()) == CompatRule()
     assert set(Compat.model_fields) == {f.name for f in dataclasses.fields(CompatRule)}
@@ -41,13 +42,14 @@ def test_each_default_lives_in_one_place() -> None:
 def test_every_runtime_setting_comes_from_the_policy(tmp_path: Path) -> None:
     pol = tmp_path / "p.yaml"
     pol.write_text("budgets: {max_moves_per_plan: 3, max_concurrent: 5, restore_timeout_s: 42, "
-                   "checkpoint_timeout_s: 7}\nplanner_time_limit_s: 0.5\naction: {fallback: evict}\n"
+                   "checkpoint_timeout_s: 7}\nplanner_time_limit_s: 0.5\nplanner_search_limit: 99\n"
+                   "action: {fallback: evict}\n"
                    "compat: {driver: minor, kernel: any}\n")
     inp = load_inputs(pol)
     assert inp.compat is inp.compat  # built once
     assert inp.compat.driver.value == "minor" and inp.compat.kernel.value == "any"
     opts = plan_options(inp)
-    assert (opts.max_moves, opts.time_limit_s, opts.compat) == (3, 0.5, inp.compat)
+    assert (opts.max_moves, opts.time_limit_s, opts.search_limit, opts.compat) == (3, 0.5, 99, inp.compat)
     assert inp.executor.max_concurrent == 5 and inp.executor.fallback == "evict"
     mo = MoveOptions.from_inputs(inp, checkpoint="app")
     assert (mo.ready_timeout_s, mo.checkpoint_timeout_s, mo.compat, mo.on_incompatible, mo.checkpoint) == (

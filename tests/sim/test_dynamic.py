@@ -277,7 +277,8 @@ def test_decider_state_kept_between_decisions_equals_one_built_afresh():
 def test_decider_after_no_plan_asks_again_only_when_room_came_back():
     """With no feasible plan, a start (the cluster version moves, the room version does not) cannot make one:
     the decision is not asked again until a job ends or moves (room version), the head changes, or the check
-    interval passes; a caller that does not count room (freed None) is asked on every version, as before."""
+    interval passes; a caller that does not count room (freed None) is asked on every version, as before. The
+    answer holds for every queued job of the same shape, not for another shape."""
     cl = Cluster.build(["a", "b"], [2, 2], ["G2", "G2"], [64_000, 64_000], [0, 0])
     placed = Placed.for_cluster(cl)
     big, one = Pod(2, 1000, 8000, 1024), Pod(1, 1000, 8000, 1024)
@@ -291,7 +292,10 @@ def test_decider_after_no_plan_asks_again_only_when_room_came_back():
     assert decider.rescue(7, big, 100.0, started, 310.0, version=2, freed=1) is None
     assert decider.asked == 1  # only a start since: still no plan, not asked
     assert decider.rescue(8, big, 100.0, started, 311.0, version=2, freed=1) is None
-    assert decider.asked == 2  # another head job
+    assert decider.asked == 1  # another job of the same shape: the same state gives it the same "no plan"
+    bigger = Pod(2, 1000, 9000, 1024)
+    assert decider.rescue(9, bigger, 100.0, started, 311.0, version=2, freed=1) is None
+    assert decider.asked == 2  # another shape is asked
     assert decider.rescue(8, big, 100.0, started, 320.0, version=3, freed=2) is None
     assert decider.asked == 3  # room came back: asked
     assert decider.rescue(8, big, 100.0, started, 330.0, version=4, freed=2) is None

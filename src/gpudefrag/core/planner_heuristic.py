@@ -448,6 +448,8 @@ def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: in
         for sub, dearest in _chain_sets(p, work, c, items, max_size, wshape):
             if tries >= 2 or work.score + dearest + own >= _bar(best, limit):
                 break
+            if not p.spend():
+                break
             victims = [items[j] for j in sub]
             tries += 1
             trial = work.clone()
@@ -465,6 +467,8 @@ def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: in
             trial.move(wi, c, gp)
             if trial.score < _bar(best, limit):
                 best = trial
+        if p.cut:
+            break
     return best
 
 
@@ -588,6 +592,8 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray,
         # best-fit decreasing first; if a displaced workload is left without room, the reverse order (small
         # ones first, so the big one's chain does not take the room they needed)
         for order in (decreasing, decreasing[::-1]):
+            if not p.spend():
+                break
             trial = work.clone()
             for wi in chosen:
                 trial.release(wi)
@@ -610,6 +616,8 @@ def clear_node(p: Problem, work: Work, part: Part, i: int, forbid: np.ndarray,
                 best = trial
             if ok or len(order) < 2:
                 break
+        if p.cut:
+            break
     if best is not None:
         return best, ""
     if not items:
@@ -652,6 +660,8 @@ def plan_part(p: Problem, work: Work, part: Part, same_request_nodes: set[int]) 
     prune = PRUNE_BY_BEST and p.score_lb is p.score
     cleared = 0
     for i in order:
+        if p.cut:
+            break
         i = int(i)
         bar = np.inf if best is None else best.score - work.score
         limit = math.inf if best is None or not prune else best.score - 1e-9
@@ -685,8 +695,15 @@ def solve(p: Problem, parts: list[Part], work: Work | None = None) -> Outcome:
     for part in parts:
         out = plan_part(p, work, part, used.setdefault(part.req, set()))
         if out.work is None:
-            return Outcome(None, out.reason, tuple(notes) + out.notes)
+            reason = out.reason + (f" ({_cut(p)})" if p.cut else "")
+            return Outcome(None, reason, tuple(notes) + out.notes)
         work = out.work
         used[part.req].add(work.reserved[-1][1])
         notes.extend(out.notes)
+    if p.cut:
+        notes.append(f"{_cut(p)}: a cheaper plan may exist")
     return Outcome(work, notes=tuple(notes))
+
+
+def _cut(p: Problem) -> str:
+    return f"the search stopped at its limit of {p.opts.search_limit} trials (planner search_limit)"

@@ -99,6 +99,19 @@ class Problem:
         # what a solver derives from the problem alone and asks again and again (the heuristic's price order of
         # the workloads, per score vector), made once per plan, keyed by the solver
         self.memo: dict[tuple[object, ...], Any] = {}
+        self.trials = 0  # working states the heuristic's search tried (`spend`)
+        self.cut = False  # whether `PlanOptions.search_limit` stopped it
+
+    def spend(self) -> bool:
+        """Count one trial of the heuristic's search (a working state made to try a set of moves) against
+        `PlanOptions.search_limit`. False once the limit is spent: the search then keeps the best plan it has
+        found, so that one decision's time stays bounded on any cluster (a search that finds nothing can
+        otherwise try tens of thousands of chains, seconds of a controller's cycle)."""
+        if self.trials >= self.opts.search_limit:
+            self.cut = True
+            return False
+        self.trials += 1
+        return True
 
     # ------------------------------------------------------------------ lookups
     def on_node(self, i: int) -> np.ndarray:

@@ -19,7 +19,9 @@ class PlanOptions:
     """What the planner may do. `max_moves_per_node` counts every move that leaves or enters a node (a
     disruption budget). `movable` is the policy filter: a workload it rejects never moves.
     `candidate_limit` caps how many target nodes the heuristic examines in full (largest clusters);
-    `exact_max_vars` is the model size above which `auto` does not try the exact solver."""
+    `exact_max_vars` is the model size above which `auto` does not try the exact solver. `search_limit` bounds
+    the heuristic's trials per plan (working states it makes to try a set of moves): when spent, it keeps the
+    best plan found and says so in the plan's notes (or its reason, when it found none)."""
 
     max_moves: int = 8
     max_moves_per_node: int = 8
@@ -31,6 +33,7 @@ class PlanOptions:
     fresh_checkpoint: bool = True
     candidate_limit: int = 64
     exact_max_vars: int = 150_000
+    search_limit: int = 2048
     workers: int = 2  # CP-SAT search workers
     # why `movable` rejects a workload ("filter.max_priority <= 10000", "not running under `gpudefrag run`"), so
     # that a plan that finds nothing to move says which filter excluded how many jobs; None: "the policy filter"
@@ -43,6 +46,8 @@ class PlanOptions:
             raise ValueError(f"solver must be auto, exact or heuristic, not {self.solver!r}")
         if not self.time_limit_s > 0:
             raise ValueError("time_limit_s must be > 0")
+        if self.search_limit < 1:
+            raise ValueError("search_limit must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,3 +188,5 @@ class Policy(Strict):
     budgets: Budgets = Budgets()
     compat: Compat = Compat()
     planner_time_limit_s: PosSeconds = PlanOptions.time_limit_s  # the planner's default
+    # the heuristic's trials per plan: bounds one decision's time on any cluster (the planner's default)
+    planner_search_limit: Annotated[int, Field(ge=1)] = PlanOptions.search_limit

@@ -105,5 +105,6 @@ def plan_options(inputs: PlanInputs | None = None, *, movable: Callable[[Workloa
         return excluded_by(w) is None
 
     opts = PlanOptions(max_moves=pol.budgets.max_moves_per_plan, time_limit_s=pol.planner_time_limit_s,
+                       search_limit=pol.planner_search_limit,
                        movable=allowed, cost_model=inp.costs, compat=inp.compat, excluded_by=excluded_by)
     return dataclasses.replace(opts, **{k: v for k, v in overrides.items() if v is not None})

@@ -309,7 +309,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
             if head.job.pod in asked or jid not in queued:
                 continue
             asked.add(head.job.pod)
-            if not decider.wants(jid, sim.now, sim.version, sim.freed):
+            if not decider.wants(jid, head.job.pod, sim.now, sim.version, sim.freed):
                 continue
             choice = decider.rescue(jid, head.job.pod, head.queued_at, sim.started, sim.now, sim.version,
                                     sim.freed)
@@ -504,6 +504,10 @@ class Decider:
         # per queued job, its last "do nothing": cluster version, room version, when, and whether no plan was
         # feasible (dropped when the job starts through a plan; a job started by the scheduler is not asked again)
         self._seen: dict[int, tuple[int, int | None, float, bool]] = {}
+        # per request shape, its last "no feasible plan" (as `_seen`, always True): feasibility is a
+        # function of the state and the shape alone (a job's own wait prices a plan, it does not make one), so
+        # every queued job of that shape shares the answer until room comes back
+        self._no_plan: dict[Pod, tuple[int, int | None, float, bool]] = {}
         # per pod id, what the decision's input holds of each placed job, kept between decisions (the jobs change
         # little from one to the next, so only those `Placed.stamps` says were placed, moved or dropped since,
         # and those whose heartbeat may have passed, are made again): whether it is placed, the stamp seen, its
@@ -589,26 +593,31 @@ class Decider:
         self._gpus = np.concatenate([self._gpus, np.full((more, self._gpus.shape[1]), -1, dtype=np.int64)])
         self._ok = np.concatenate([self._ok, np.zeros(more, dtype=bool)])
 
-    def wants(self, jid: int, now: float, version: int, freed: int | None = None) -> bool:
-        """Whether the decision is to be asked again for the head job `jid`: not when it last said "do nothing"
-        for the same job less than `recheck_s` ago and, since then, nothing changed (`version`: a job started,
-        ended or moved) — or, when it found no feasible plan, nothing gave room back (`freed`: a job ended, moved
-        or was evicted). A start only takes room: a plan feasible after it would, less the new job's moves, have
-        been feasible before (freeing room never hurts a plan), so "no plan" stays the answer until room comes
-        back or time moves on (prices and heartbeats change with time; the recheck sees to them)."""
-        seen = self._seen.get(jid)
-        if seen is None or now - seen[2] >= self.recheck_s:
-            return True
-        if seen[0] == version:
-            return False
-        return not (seen[3] and freed is not None and seen[1] == freed)
+    def wants(self, jid: int, pod: Pod, now: float, version: int, freed: int | None = None) -> bool:
+        """Whether the decision is to be asked again for queued job `jid` of shape `pod`: not when it last said
+        "do nothing" for the same job less than `recheck_s` ago and, since then, nothing changed (`version`: a
+        job started, ended or moved) — or, when it found no feasible plan for this job or any job of the same
+        shape, nothing gave room back (`freed`: a job ended, moved or was evicted). A start only takes room: a
+        plan feasible after it would, less the new job's moves, have been feasible before (freeing room never
+        hurts a plan), so "no plan" stays the answer until room comes back or time moves on (prices and
+        heartbeats change with time; the recheck sees to them). Sharing "no plan" across jobs of one shape
+        matters where many queued pods ask alike: a gpuspec25 replay at trigger 0 asked each of a dozen queued
+        1-GPU T4 pods in turn, four seconds of search apiece, for the same answer."""
+        for seen in (self._seen.get(jid), self._no_plan.get(pod)):
+            if seen is None or now - seen[2] >= self.recheck_s:
+                continue
+            if seen[0] == version:
+                return False
+            if seen[3] and freed is not None and seen[1] == freed:
+                return False
+        return True
 
     def rescue(self, jid: int, pod: Pod, queued_at: float, started: Mapping[int, float], now: float,
                version: int, freed: int | None = None) -> Choice | None:
         """Ask the decision for the head job (when `wants` says so); apply a chosen, feasible move plan and return
         where the head job lands (placed already), else None with nothing changed."""
         self.last_moved = []
-        if not self.wants(jid, now, version, freed):
+        if not self.wants(jid, pod, now, version, freed):
             return None
         state, head = self.state(jid, pod, queued_at, started, now)
         self.asked += 1
@@ -618,6 +627,8 @@ class Decider:
             self._seen.pop(jid, None)
         else:
             self._seen[jid] = (version, freed, now, not d.feasible)
+            if not d.feasible:
+                self._no_plan[pod] = (version, freed, now, True)
         return choice
 
     def _apply(self, d: Decision, pod: Pod) -> Choice | None:
