@@ -276,3 +276,8 @@ def test_the_default_trigger_is_the_product_default_policys() -> None:
     for arm in ("fgd+gpudefrag", "fgd+deschedule", "fgd+evict"):
         assert config_for(ArmRun(spec, arm)).trigger == product.longer_than_s
     assert {r.trigger_s for r in runs_for([spec], ["fgd"])} == {product.longer_than_s}
+    # and `simulate dynamic`'s configurations, which kept a private 300 s longer still
+    from gpudefrag.sim.dynamic import STANDARD, DynamicConfig
+
+    assert DynamicConfig().trigger_s == product.longer_than_s
+    assert {c.trigger_s for c in STANDARD} == {product.longer_than_s}

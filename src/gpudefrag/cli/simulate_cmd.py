@@ -232,7 +232,8 @@ def dynamic(
     seed: int = typer.Option(1, "--seed", help="Workload seed"),
     snapshot: Path = typer.Option(None, "--snapshot", help="Run on this snapshot's nodes (its running workloads "
                                   "stay as background load) instead of the synthetic cluster"),
-    trigger: float = typer.Option(300.0, "--trigger", help="Defrag when the head job waits longer (s)"),
+    trigger: float | None = typer.Option(None, "--trigger", show_default=False, help="Defrag when the head job "
+                                         "waits longer (s); default: the product's default pending trigger (60 s)"),
     max_moves: int = typer.Option(8, "--max-moves", help="Moves per rescue at most"),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0 = CPU count)"),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder"),
@@ -241,12 +242,13 @@ def dynamic(
     """Arrivals, FIFO + backfill, placement, defrag controller: best-fit, FGD, FGD+evict, FGD+migrate, pooled."""
     from dataclasses import replace
 
-    from ..sim.dynamic import STANDARD, simulate
+    from ..sim.dynamic import DEFAULT_TRIGGER_S, STANDARD, simulate
     from ..sim.report import dynamic_table_markdown, gap_closed, staged_folder, write_dynamic
     from ..sim.synthetic import WorkloadSpec, generate
 
-    if jobs < 10 or not 0 < load < 5 or nodes < 1:
-        raise InputError("simulate dynamic", "", "need --jobs >= 10, 0 < --load < 5, --nodes >= 1")
+    trigger = DEFAULT_TRIGGER_S if trigger is None else trigger
+    if jobs < 10 or not 0 < load < 5 or nodes < 1 or trigger < 0:
+        raise InputError("simulate dynamic", "", "need --jobs >= 10, 0 < --load < 5, --nodes >= 1, --trigger >= 0")
     _check_out(out, force)
     base = None
     if snapshot is not None:

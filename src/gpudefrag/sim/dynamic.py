@@ -47,7 +47,7 @@ from ..core.model import MILLI, ClusterState, Placement, WorkloadState, workload
 from ..core.model import Workload as PlannedWorkload
 from ..core.placement import Choice, Cluster, Pod, get_policy
 from ..core.planner import PlanOptions
-from ..policy.models import Filter, Policy
+from ..policy.models import Filter, PendingTrigger, Policy
 from ..policy.options import PlanInputs, plan_options
 from .costs import as_workload, checkpoint_bytes, record_move, request_of
 from .defrag import ArrayDefragmenter
@@ -57,12 +57,16 @@ from .synthetic import Job, Workload, synthetic_cluster
 ARRIVE, END, CHECK = 0, 1, 2
 
 
+# the product's default pending trigger: every replay arm acts when the default policy would, unless told otherwise
+DEFAULT_TRIGGER_S = PendingTrigger().longer_than_s
+
+
 @dataclass(frozen=True)
 class DynamicConfig:
     policy: str = "fgd"
     defrag: str = "none"  # "none" | "migrate" | "evict"
     pooled: bool = False
-    trigger_s: float = 300.0
+    trigger_s: float = DEFAULT_TRIGGER_S
     check_every_s: float = 60.0
     max_moves: int = 8
     movable_max_gpus: int = 4

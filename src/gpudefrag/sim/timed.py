@@ -36,8 +36,7 @@ import numpy as np
 
 from ..core.model import MILLI
 from ..errors import InputError
-from ..policy.models import PendingTrigger
-from .dynamic import DynamicConfig, DynamicResult, simulate
+from .dynamic import DEFAULT_TRIGGER_S, DynamicConfig, DynamicResult, simulate
 from .synthetic import Job, Workload, WorkloadSpec
 from .trace import Trace, TracePod, load_nodes, load_pods
 
@@ -230,7 +229,6 @@ def _built(spec: ReplaySpec) -> TimedWorkload:
 # ---------------------------------------------------------------------------------------------------------- arms
 # The trigger every arm acts on unless told otherwise: the product's default policy's pending trigger (the
 # replay's default gpudefrag arm is that policy; the eviction arms wait as long, for a fair comparison)
-DEFAULT_TRIGGER_S = PendingTrigger().longer_than_s
 
 
 @dataclass(frozen=True)
