@@ -437,3 +437,26 @@ def test_a_job_no_plan_can_help_does_not_keep_the_next_waiting(tmp_path: Path) -
                        dry_run=True)
     r = c.cycle()
     assert [d.detail["workload"] for d in r.decisions if d.kind == "dry-run"] == ["four0", "four1"]
+
+
+def test_jobs_of_a_request_with_no_plan_this_cycle_are_not_planned_again(tmp_path: Path) -> None:
+    """Two 8-GPU jobs of one request that no plan can help (one move a plan, two needed), then a 4-GPU job one
+    move helps: the second 8-GPU job gets the first one's answer without a second planner run, so the cycle's
+    tries reach the 4-GPU job even with `max_tries_per_cycle` 2. A different request is still planned."""
+    from gpudefrag.core.model import ClusterState, Request, Workload, WorkloadState
+
+    from .conftest import fragmented_state
+
+    base = fragmented_state()
+    more = [Workload("big2", Request(8, partition="gpu"), state=WorkloadState.PENDING, name="big8b",
+                     submitted_at=150.0),
+            Workload("four", Request(4, partition="gpu"), state=WorkloadState.PENDING, name="four",
+                     submitted_at=200.0)]
+    state = ClusterState.build(base.nodes, (*base.workloads, *more), now=1000.0)
+    pol = {**POLICY, "budgets": {**POLICY["budgets"], "max_moves_per_plan": 1, "max_tries_per_cycle": 2}}
+    _sim, c, _ = setup(state, tmp_path, pol, dry_run=True)
+    r = c.cycle()
+    assert [p.feasible for p in r.plans] == [False, True]
+    same = [d for d in r.decisions if d.kind == "skip" and "same request" in d.reason]
+    assert [d.detail["workload"] for d in same] == ["big2"]
+    assert [d.detail["workload"] for d in r.decisions if d.kind == "dry-run"] == ["four"]

@@ -368,3 +368,29 @@ def test_a_head_no_plan_can_help_does_not_keep_the_next_pod_waiting():
     assert r.start[6] >= 10_000  # H: only once A ended
     one = run(Budgets(max_tries_per_cycle=1))
     assert one.start[7] >= 10_000 and all(t >= 10_000 for t, *_ in one.move_log)
+
+
+def test_pods_of_a_shape_already_asked_ride_along_and_use_no_try():
+    """Two pods of H's shape (no plan helps either) at the head of the queue, C behind them: with two tries a
+    cycle, the second H rides along on the first one's answer (the controller's trigger counts distinct
+    requests), so C is the second try and is moved for at the first check past the trigger."""
+    from gpudefrag.policy.models import Budgets, Filter, PendingTrigger, Policy, Trigger
+
+    spec = WorkloadSpec(nodes=3, gpus_per_node=2, jobs=9)
+    small, h = Pod(1, 1000, 8000, 1024), Pod(2, 1000, 100_000, 1024)
+    jobs = (Job(0, Pod(1, 1000, 8000, 200 * GIB_MIB), 0.0, 10_000.0), Job(1, small, 0.1, 100.0),
+            Job(2, small, 1.0, 10_000.0), Job(3, small, 1.1, 100.0), Job(4, small, 2.0, 10_000.0),
+            Job(5, small, 2.1, 100.0), Job(6, h, 150.0, 1_000.0), Job(7, h, 160.0, 1_000.0),
+            Job(8, Pod(2, 1000, 16_000, 1024), 200.0, 1_000.0))
+    cl = Cluster.build(["a", "b", "c"], [2, 2, 2], ["G2"] * 3, [200_000, 64_000, 64_000], [0, 0, 0])
+
+    def run(budgets: Budgets):  # type: ignore[no-untyped-def]
+        product = Policy(trigger=Trigger(pending=PendingTrigger(longer_than_s=60)),
+                         filter=Filter(max_checkpoint_size=100 * 2**30), budgets=budgets)
+        return simulate(Workload(spec, jobs), DynamicConfig(policy="firstfit", defrag="migrate", product=product,
+                                                            check_every_s=60), cl)
+
+    two = run(Budgets(max_tries_per_cycle=2))
+    assert 260 <= two.start[8] < 400 and two.start[6] >= 10_000 and two.start[7] >= 10_000
+    one = run(Budgets(max_tries_per_cycle=1))
+    assert one.start[8] >= 10_000

@@ -19,7 +19,7 @@ import msgspec
 
 from ..core.cost import CostModel
 from ..core.decision import MOVE, Decision, decide
-from ..core.model import ClusterState, Workload
+from ..core.model import ClusterState, Request, Workload
 from ..core.planner import Plan, PlanOptions
 from ..engines.base import Engine
 from ..policy.models import Policy
@@ -127,6 +127,10 @@ class Controller:
         busy |= {m.workload_id for p in self.plans.values() for m in p.remaining()}
         planned_for = self._in_flight_for()
         started = 0  # plans started (or, dry run, that would be): the targets after the budget's are left
+        # requests that found no feasible plan this cycle: a later target asking the same gets the same answer
+        # (feasibility is a function of the state and the request, not of which job asks), so it is not planned
+        # again; many pending jobs of one shape would otherwise spend the cycle's tries on one question
+        no_plan: list[tuple[Request, bool]] = []
         for t in targets:
             if started >= self.policy.budgets.max_plans_per_cycle:
                 break
@@ -140,6 +144,10 @@ class Controller:
                                           "scheduler has the freed node to place it; no new plan before "
                                           f"{SETTLE_S:g} s", {"workload": t.workload_id}))
                 continue
+            if (t.request, t.plan_anyway) in no_plan:
+                decisions.append(CycleEvent("skip", f"{t.why}: no plan this cycle for the same request "
+                                          f"({t.request.label()})", {"workload": t.workload_id}))
+                continue
             choice = self.decide(state, t, busy)
             if choice.plan is None:
                 decisions.append(CycleEvent("skip", f"{t.why}: {choice.reason}", {"workload": t.workload_id}))
@@ -147,6 +155,7 @@ class Controller:
             plan = choice.plan
             plans.append(plan)
             if not plan.feasible:
+                no_plan.append((t.request, t.plan_anyway))
                 decisions.append(CycleEvent("plan", f"no plan for {t.why}: {plan.reason}",
                                           {"workload": t.workload_id, "feasible": False}))
                 continue
@@ -293,7 +302,8 @@ class Controller:
         if tr.cron is not None:
             self._last_cron = now if self._last_cron is None or cron else self._last_cron
         busy = self.executor.busy_workloads() if self.executor is not None else set()
-        ctx = TriggerContext(state, now, tr, self.policy.budgets.tries_per_cycle, requested=requested,
+        ctx = TriggerContext(state, now, tr, self.policy.budgets.tries_per_cycle,
+                             self.policy.budgets.jobs_per_cycle, requested=requested,
                              cron_due=cron, plan_anyway=self.plan_anyway, movable=self.options(busy).movable)
         targets = evaluate(ctx)
         self.next_due = pending_due(state, now, tr)

@@ -161,6 +161,13 @@ class Budgets(Strict):
         may start. The controller and the replay both read it here."""
         return max(self.max_tries_per_cycle, self.max_plans_per_cycle)
 
+    @property
+    def jobs_per_cycle(self) -> int:
+        """Pending jobs looked at per cycle at most: the tries count distinct requests (jobs asking what an
+        earlier job of the cycle asked get its answer), and the jobs that ride along on a request already asked
+        are bounded too, so that a queue of a thousand jobs of one shape costs a cycle no more than this."""
+        return 8 * self.tries_per_cycle
+
 
 Rule = Literal["exact", "minor", "major", "at-least", "any"]
 

@@ -90,9 +90,11 @@ class TriggerContext:
     state: ClusterState
     now: float
     trigger: Trigger  # the policy's `trigger:` section
-    # pending jobs the pending trigger hands on per cycle, oldest first: the policy's budgets.max_tries_per_cycle
-    # (at least max_plans_per_cycle); the controller asks the decision of each in turn until enough plans start
+    # distinct requests the pending trigger hands on per cycle, oldest job first: the policy's
+    # budgets.tries_per_cycle; the controller asks the decision of each in turn until enough plans start. Jobs
+    # whose request is one of those ride along (a plan for each, while plans may start), `max_jobs` in all
     max_targets: int = 1
+    max_jobs: int = 8
     requested: bool = False  # an explicit request (CLI / API) arrived since the last cycle
     cron_due: bool = False  # the cron schedule fired since the last cycle
     plan_anyway: bool = False  # asked in so many words (`--plan-anyway`): move even for a job a hold/limit blocks
@@ -170,11 +172,13 @@ def evaluate(ctx: TriggerContext) -> list[Target]:
 
 @trigger("pending", PendingSettings)
 def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target]:
-    """Up to `max_targets` pending GPU jobs, oldest first, that waited long enough and whose decision is
-    "fragmentation alone" (the scheduler's own reason is part of the diagnosis, for every engine). Jobs an
-    ordinary cause keeps waiting are noted with their causes and skipped. Diagnosis stops once enough are found
-    (the rest wait for later cycles). More than the plans a cycle may start: the oldest job may be one that no
-    plan can help, and it must not keep the jobs behind it waiting."""
+    """Pending GPU jobs, oldest first, that waited long enough and whose decision is "fragmentation alone" (the
+    scheduler's own reason is part of the diagnosis, for every engine), up to `max_targets` distinct requests
+    (and `max_jobs` jobs). Jobs an ordinary cause keeps waiting are noted with their causes and skipped.
+    Diagnosis stops once enough are found (the rest wait for later cycles). More than the plans a cycle may
+    start: the oldest job may be one that no plan can help, and it must not keep the jobs behind it waiting.
+    Distinct requests, because a job asking what an older one asked gets the same answer: counted per job, a
+    queue led by many jobs of one shape that no plan helps kept every other shape from being asked."""
     from ..core.decision import decide_all
     from ..core.planner import PlanOptions
 
@@ -190,6 +194,21 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
         if age >= pt.longer_than_s:
             waited[w.id] = age
     out: list[Target] = []
+    asks: list[tuple[Request, bool]] = []  # the distinct (request, plan anyway) among `out`
+
+    def take(t: Target) -> bool:
+        key = (t.request, t.plan_anyway)
+        if key in asks:
+            ok = len(out) < ctx.max_jobs
+        else:
+            ok = len(asks) < limit and len(out) < ctx.max_jobs
+            if ok:
+                asks.append(key)
+        if ok:
+            out.append(t)
+            ctx.note("trigger", t.why, workload=t.workload_id)
+        return ok
+
     ids = list(waited)  # state.pending order: oldest first
     step = max(limit, 8)
     for k in range(0, len(ids), step):  # in chunks (one shared diagnosis context each), stop once enough
@@ -197,24 +216,21 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
             d = c.diagnosis
             if d.workload_id is None:
                 continue
-            if not d.is_fragmentation and c.blocked_by and ctx.anyway and len(out) < limit:
+            if not d.is_fragmentation and c.blocked_by and ctx.anyway:
                 w = ctx.state.workload(d.workload_id)
-                out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, blocked by "
-                                  f"{', '.join(x.code.value for x in c.blocked_by)}: planned anyway, as asked",
-                                  w.request, w.id, plan_anyway=True))
-                ctx.note("trigger", out[-1].why, workload=w.id)
+                take(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, blocked by "
+                            f"{', '.join(x.code.value for x in c.blocked_by)}: planned anyway, as asked",
+                            w.request, w.id, plan_anyway=True))
                 continue
             if not d.is_fragmentation:
                 if c.blocked_by:
                     ctx.note("skip", f"{d.workload_id}: {c.reason}", workload=d.workload_id,
                              causes=[x.code.value for x in d.causes])
                 continue
-            if len(out) < limit:
-                w = ctx.state.workload(d.workload_id)
-                out.append(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, diagnosed "
-                                  f"{d.primary.code.value}", w.request, w.id))
-                ctx.note("trigger", out[-1].why, workload=w.id)
-        if len(out) >= limit:
+            w = ctx.state.workload(d.workload_id)
+            take(Target(f"{w.id} ({w.request.label()}) pending {waited[w.id]:.0f} s, diagnosed "
+                        f"{d.primary.code.value}", w.request, w.id))
+        if len(asks) >= limit or len(out) >= ctx.max_jobs:
             break
     return out
 

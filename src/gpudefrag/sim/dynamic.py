@@ -238,7 +238,8 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         decider = Decider(cl, placed, migrate_options(cfg, sim.cost), cfg.check_every_s,
                           heartbeat.every_s if heartbeat is not None else None,
                           plan_anyway=cfg.product is not None and cfg.product.trigger.plan_anyway,
-                          max_tries=budgets.tries_per_cycle, max_plans=budgets.max_plans_per_cycle)
+                          max_tries=budgets.tries_per_cycle, max_plans=budgets.max_plans_per_cycle,
+                          max_jobs=budgets.jobs_per_cycle)
     elif cfg.defrag not in ("none", "evict", "migrate", "deschedule"):
         raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict | deschedule)")
     for j in wl.jobs:
@@ -293,31 +294,36 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
 
     def try_migrate() -> None:
         """The policy's pending trigger as the controller runs it (`policy.triggers.pending_fragmented`): the
-        queued jobs past the trigger, oldest first, each asked the decision until `max_plans_per_cycle` plans
-        are applied or `max_tries_per_cycle` decisions were asked — a job no plan can help does not keep the
-        ones behind it waiting. Jobs of one shape get one answer (the same state, the same decision): only the
-        first of each is asked. Every decision asked counts, an ordinary cause's too: counting only those that
-        reached the planner let one decision point ask every queued pod that an ordinary cause holds (a
-        gpuspec25 replay at trigger 0 went from minutes to over half an hour). The controller's trigger skips
-        those pods with one shared diagnosis instead (`policy.triggers.pending_fragmented`)."""
+        queued jobs past the trigger, oldest first, each shape asked the decision until `max_plans_per_cycle`
+        plans are applied or `tries_per_cycle` distinct shapes were asked — a job no plan can help does not keep
+        the ones behind it waiting — and `jobs_per_cycle` jobs looked at in all. Jobs of one shape get one answer
+        (the same state, the same decision): only the first of each is asked, the others ride along, as the
+        controller's trigger counts distinct requests. A shape counts as a try whether the decision is asked or
+        the Decider knows its answer already (`wants`: the controller, with no such memo, would ask it again and
+        spend the try), and an ordinary cause's answer counts too: counting only those that reached the planner
+        let one decision point ask every queued pod that an ordinary cause holds (a gpuspec25 replay at trigger
+        0 went from minutes to over half an hour)."""
         assert decider is not None
         asked: set[Pod] = set()
-        tries = plans = 0
+        tries = plans = looked = 0
         queued = set(sim.queue)  # remade after a plan: `schedule` may start queued jobs
         for jid in list(sim.queue):
-            if tries >= decider.max_tries or plans >= decider.max_plans:
+            if tries >= decider.max_tries or plans >= decider.max_plans or looked >= decider.max_jobs:
                 return
             head = sim.runs[jid]
             if sim.now - head.queued_at < cfg.trigger:
                 return  # the queue is in arrival order: no job behind this one has waited longer
-            if head.job.pod in asked or jid not in queued:
+            if jid not in queued:
+                continue
+            looked += 1
+            if head.job.pod in asked:
                 continue
             asked.add(head.job.pod)
+            tries += 1
             if not decider.wants(jid, head.job.pod, sim.now, sim.version, sim.freed):
                 continue
             choice = decider.rescue(jid, head.job.pod, head.queued_at, sim.started, sim.now, sim.version,
                                     sim.freed)
-            tries += 1
             if choice is None:
                 continue
             plans += 1
@@ -496,9 +502,11 @@ class Decider:
 
     def __init__(self, cl: Cluster, placed: Placed, options: PlanOptions, recheck_s: float = 60.0,
                  heartbeat_s: float | None = None, plan_anyway: bool = False, max_tries: int = 4,
-                 max_plans: int = 1) -> None:
+                 max_plans: int = 1, max_jobs: int = 32) -> None:
         self.cl, self.placed, self.options, self.recheck_s = cl, placed, options, recheck_s
-        self.max_tries, self.max_plans = max_tries, max_plans  # the policy's budgets, per decision point
+        # the policy's budgets, per decision point (`Budgets.tries_per_cycle`, `max_plans_per_cycle`,
+        # `jobs_per_cycle`)
+        self.max_tries, self.max_plans, self.max_jobs = max_tries, max_plans, max_jobs
         self.plan_anyway = plan_anyway  # the policy's trigger.plan_anyway: plan although an ordinary cause blocks
         self.heartbeat_s = heartbeat_s  # the policy's heartbeat checkpoints: every so many seconds of a job's run
         self.node_index = {n: i for i, n in enumerate(cl.names)}
