@@ -337,12 +337,23 @@ def test_decider_moves_the_cpu_only_pod_that_holds_the_cpu_where_the_gpus_are_fr
         assert not kept.last.feasible and placed.pods[0][1].node == 0
 
 
+def _with_budgets(spec: WorkloadSpec, jobs: tuple[Job, ...], cl: Cluster, budgets):  # type: ignore[no-untyped-def]
+    """The migrate arm with a 60 s pending trigger, a filter that keeps checkpoints over 100 GiB from moving, and
+    `budgets`."""
+    from gpudefrag.policy.models import Filter, PendingTrigger, Policy, Trigger
+
+    product = Policy(trigger=Trigger(pending=PendingTrigger(longer_than_s=60)),
+                     filter=Filter(max_checkpoint_size=100 * 2**30), budgets=budgets)
+    return simulate(Workload(spec, jobs), DynamicConfig(policy="firstfit", defrag="migrate", product=product,
+                                                        check_every_s=60), cl)
+
+
 def test_a_head_no_plan_can_help_does_not_keep_the_next_pod_waiting():
     """H, at the head of the queue, fits only node a (its CPU), where A runs with a checkpoint the policy's filter
     keeps from moving: no plan helps H. C behind it needs one small move. The pending trigger tries the queued
     pods oldest first (`budgets.max_tries_per_cycle`, as the controller does): C is moved for at the first check
     past the trigger; with one try a cycle it waits behind H until A ends."""
-    from gpudefrag.policy.models import Budgets, Filter, PendingTrigger, Policy, Trigger
+    from gpudefrag.policy.models import Budgets
 
     spec = WorkloadSpec(nodes=3, gpus_per_node=2, jobs=8)
     small = Pod(1, 1000, 8000, 1024)
@@ -357,10 +368,7 @@ def test_a_head_no_plan_can_help_does_not_keep_the_next_pod_waiting():
     cl = Cluster.build(["a", "b", "c"], [2, 2, 2], ["G2"] * 3, [200_000, 64_000, 64_000], [0, 0, 0])
 
     def run(budgets: Budgets):  # type: ignore[no-untyped-def]
-        product = Policy(trigger=Trigger(pending=PendingTrigger(longer_than_s=60)),
-                         filter=Filter(max_checkpoint_size=100 * 2**30), budgets=budgets)
-        return simulate(Workload(spec, jobs), DynamicConfig(policy="firstfit", defrag="migrate", product=product,
-                                                            check_every_s=60), cl)
+        return _with_budgets(spec, jobs, cl, budgets)
 
     r = run(Budgets())
     assert [log[1:3] for log in r.move_log][:1] in ([("pod-2", "b")], [("pod-4", "c")])  # D or F made room
@@ -374,7 +382,7 @@ def test_pods_of_a_shape_already_asked_ride_along_and_use_no_try():
     """Two pods of H's shape (no plan helps either) at the head of the queue, C behind them: with two tries a
     cycle, the second H rides along on the first one's answer (the controller's trigger counts distinct
     requests), so C is the second try and is moved for at the first check past the trigger."""
-    from gpudefrag.policy.models import Budgets, Filter, PendingTrigger, Policy, Trigger
+    from gpudefrag.policy.models import Budgets
 
     spec = WorkloadSpec(nodes=3, gpus_per_node=2, jobs=9)
     small, h = Pod(1, 1000, 8000, 1024), Pod(2, 1000, 100_000, 1024)
@@ -385,10 +393,7 @@ def test_pods_of_a_shape_already_asked_ride_along_and_use_no_try():
     cl = Cluster.build(["a", "b", "c"], [2, 2, 2], ["G2"] * 3, [200_000, 64_000, 64_000], [0, 0, 0])
 
     def run(budgets: Budgets):  # type: ignore[no-untyped-def]
-        product = Policy(trigger=Trigger(pending=PendingTrigger(longer_than_s=60)),
-                         filter=Filter(max_checkpoint_size=100 * 2**30), budgets=budgets)
-        return simulate(Workload(spec, jobs), DynamicConfig(policy="firstfit", defrag="migrate", product=product,
-                                                            check_every_s=60), cl)
+        return _with_budgets(spec, jobs, cl, budgets)
 
     two = run(Budgets(max_tries_per_cycle=2))
     assert 260 <= two.start[8] < 400 and two.start[6] >= 10_000 and two.start[7] >= 10_000
