@@ -284,12 +284,55 @@ def infeasible_full(repeat: int = 3) -> list[Row]:
                 med <= 1.0, "", plan.reason.split("(proven: ")[-1].rstrip(")"))]
 
 
+def sliver_cluster(n_nodes: int = 5_000) -> ClusterState:
+    """Half the nodes 2-GPU T4, each GPU split between a T4-pinned share of 500 and an unpinned one of 450;
+    half 8-GPU P100, one GPU in 16 free. A whole T4 GPU needs a chain: an unpinned share leaves for a P100, a
+    pinned share takes its place, the GPU it left is freed by the same again (3 moves). The shape that made a
+    replay's decisions take seconds (gpuspec25, every T4 GPU holding a sliver), at the issue's 5,000 nodes."""
+    half = n_nodes // 2
+    nodes = [Node(f"t{i:05d}", 2, "T4") for i in range(half)] + [Node(f"p{i:05d}", 8, "P100") for i in range(half)]
+    ws: list[Workload] = []
+    for nd in nodes[:half]:
+        for g in range(2):
+            ws.append(Workload(f"{nd.name}-{g}-pin", Request(1, gpu_milli=500, gpu_models=("T4",)),
+                               placements=(Placement(nd.name, (g,)),), checkpoint_bytes=(g + 1) * GIB,
+                               last_checkpoint_at=0.0))
+            ws.append(Workload(f"{nd.name}-{g}-any", Request(1, gpu_milli=450), placements=(Placement(nd.name, (g,)),),
+                               checkpoint_bytes=2 * GIB, last_checkpoint_at=0.0))
+    for k, nd in enumerate(nodes[half:]):
+        ws.extend(Workload(f"{nd.name}-{g}", Request(1), placements=(Placement(nd.name, (g,)),),
+                           checkpoint_bytes=4 * GIB, last_checkpoint_at=0.0) for g in range(8) if (8 * k + g) % 16)
+    return ClusterState.build(nodes, ws, now=1000.0)
+
+
+def search_limit_rows(quick: bool) -> list[Row]:
+    """One decision's time where the heuristic's search is long: with the planner's default `search_limit` and
+    without a limit, side by side, for a request no plan helps (2 moves allowed) and one a 3-move chain helps."""
+    state = sliver_cluster(1_000 if quick else 5_000)
+    req = Request(1, gpu_models=("T4",))
+    rows: list[Row] = []
+    for moves, what in ((2, "no plan (2 moves allowed)"), (8, "a 3-move chain")):
+        got = {}
+        for label, limit in (("limit", PlanOptions.search_limit), ("none", 10**9)):
+            t0 = time.process_time()
+            plan = plan_moves(state, req, PlanOptions(solver="heuristic", max_moves=moves, search_limit=limit))
+            got[label] = (time.process_time() - t0, plan)
+        (t_lim, p_lim), (t_all, p_all) = got["limit"], got["none"]
+        cut = any("search stopped" in e for e in p_lim.explain) or "search stopped" in p_lim.reason
+        rows.append(Row("planner", f"1-GPU T4 request among pinned slivers, {len(state.nodes)} nodes: {what}, "
+                        f"default search_limit", t_lim, "s", "", None, f"no limit: {t_all:.2f} s",
+                        f"feasible {p_lim.feasible} ({len(p_lim.moves)} moves; no limit: {p_all.feasible}, "
+                        f"{len(p_all.moves)} moves); search cut: {cut}; CPU time"))
+    return rows
+
+
 def run(quick: bool = False) -> list[Row]:
     rows = quality(40 if quick else 200)
     rows += quality(20 if quick else 200, seed=8, fresh=False, fill=(0.8, 0.95),
                     label=" (heartbeat moves, fuller clusters)")
     rows += speed(3 if quick else 5)
     rows += infeasible_full()
+    rows += search_limit_rows(quick)
     rows += exact_scaling(quick=quick)
     rows += exact_hard(quick)
     rows += exact_scaling(quick=quick, request=Request(4, 2), sizes=(4, 8, 16) if quick else (4, 8, 16, 32, 64),
