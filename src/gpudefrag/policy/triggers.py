@@ -196,7 +196,8 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
     out: list[Target] = []
     asks: list[tuple[Request, bool]] = []  # the distinct (request, plan anyway) among `out`
 
-    def take(t: Target) -> bool:
+    def take(t: Target) -> None:
+        """Hand `t` on, if its request is a new one and fewer than `limit` were, or one already handed on."""
         key = (t.request, t.plan_anyway)
         if key in asks:
             ok = len(out) < ctx.max_jobs
@@ -207,7 +208,6 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
         if ok:
             out.append(t)
             ctx.note("trigger", t.why, workload=t.workload_id)
-        return ok
 
     ids = list(waited)  # state.pending order: oldest first
     step = max(limit, 8)
