@@ -367,14 +367,11 @@ def test_a_head_no_plan_can_help_does_not_keep_the_next_pod_waiting():
             Job(7, Pod(2, 1000, 16_000, 1024), 200.0, 1_000.0))  # C
     cl = Cluster.build(["a", "b", "c"], [2, 2, 2], ["G2"] * 3, [200_000, 64_000, 64_000], [0, 0, 0])
 
-    def run(budgets: Budgets):  # type: ignore[no-untyped-def]
-        return _with_budgets(spec, jobs, cl, budgets)
-
-    r = run(Budgets())
+    r = _with_budgets(spec, jobs, cl, Budgets())
     assert [log[1:3] for log in r.move_log][:1] in ([("pod-2", "b")], [("pod-4", "c")])  # D or F made room
     assert r.start[7] < 400 and r.start[7] >= 260  # C: at a decision point past its trigger
     assert r.start[6] >= 10_000  # H: only once A ended
-    one = run(Budgets(max_tries_per_cycle=1))
+    one = _with_budgets(spec, jobs, cl, Budgets(max_tries_per_cycle=1))
     assert one.start[7] >= 10_000 and all(t >= 10_000 for t, *_ in one.move_log)
 
 
@@ -392,10 +389,7 @@ def test_pods_of_a_shape_already_asked_ride_along_and_use_no_try():
             Job(8, Pod(2, 1000, 16_000, 1024), 200.0, 1_000.0))
     cl = Cluster.build(["a", "b", "c"], [2, 2, 2], ["G2"] * 3, [200_000, 64_000, 64_000], [0, 0, 0])
 
-    def run(budgets: Budgets):  # type: ignore[no-untyped-def]
-        return _with_budgets(spec, jobs, cl, budgets)
-
-    two = run(Budgets(max_tries_per_cycle=2))
+    two = _with_budgets(spec, jobs, cl, Budgets(max_tries_per_cycle=2))
     assert 260 <= two.start[8] < 400 and two.start[6] >= 10_000 and two.start[7] >= 10_000
-    one = run(Budgets(max_tries_per_cycle=1))
+    one = _with_budgets(spec, jobs, cl, Budgets(max_tries_per_cycle=1))
     assert one.start[8] >= 10_000

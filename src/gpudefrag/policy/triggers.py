@@ -199,15 +199,14 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
     def take(t: Target) -> None:
         """Hand `t` on, if its request is a new one and fewer than `limit` were, or one already handed on."""
         key = (t.request, t.plan_anyway)
-        if key in asks:
-            ok = len(out) < ctx.max_jobs
-        else:
-            ok = len(asks) < limit and len(out) < ctx.max_jobs
-            if ok:
-                asks.append(key)
-        if ok:
-            out.append(t)
-            ctx.note("trigger", t.why, workload=t.workload_id)
+        if len(out) >= ctx.max_jobs:
+            return
+        if key not in asks:
+            if len(asks) >= limit:
+                return
+            asks.append(key)
+        out.append(t)
+        ctx.note("trigger", t.why, workload=t.workload_id)
 
     ids = list(waited)  # state.pending order: oldest first
     step = max(limit, 8)
