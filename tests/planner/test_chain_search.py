@@ -192,8 +192,8 @@ def test_the_chain_fit_on_plain_numbers_is_the_capacity_models(problem, opts):
 
 
 def _lower_bounds_fresh(p: Problem, work: Work, part: Part, allowed: np.ndarray) -> np.ndarray:
-    """`lower_bounds` as it was before it kept its per-workload passes per problem: every pass over what is
-    left, every call."""
+    """`lower_bounds` from its definition: every pass over what is left, every call, and each node's cover
+    bought item by item in plain Python."""
     from gpudefrag.core.model import MILLI
 
     n = len(p.state.nodes)
@@ -222,20 +222,15 @@ def _lower_bounds_fresh(p: Problem, work: Work, part: Part, allowed: np.ndarray)
     units = np.where(p.milli >= MILLI, p.gpus, 1)
     idx = np.flatnonzero(single & (units > 0))
     idx = idx[np.lexsort((prices[idx], p.src[idx]))]
-    s, u, pr = p.src[idx], units[idx], prices[idx]
     cover = np.zeros(n)
-    if len(s):
-        cum_units, cum_cost = np.cumsum(u), np.cumsum(u * pr)
-        starts, ends = np.searchsorted(s, np.arange(n)), np.searchsorted(s, np.arange(n), side="right")
-        base_units = np.where(starts > 0, cum_units[np.maximum(starts - 1, 0)], 0)
-        base_cost = np.where(starts > 0, cum_cost[np.maximum(starts - 1, 0)], 0.0)
-        want = base_units + need
-        pos = np.searchsorted(cum_units, want, side="left")
-        inside = (need > 0) & (pos < ends)
-        pi = np.minimum(pos, len(s) - 1)
-        cost_at = cum_cost[pi] - (cum_units[pi] - want) * pr[pi] - base_cost
-        total = np.where(ends > starts, cum_cost[np.maximum(ends - 1, 0)] - base_cost, 0.0)
-        cover = np.where(inside, cost_at, np.where(need > 0, total, 0.0))
+    for i in range(n):  # each node's items in price order, bought one by one, the last one in part
+        left = int(need[i])
+        for w in idx[p.src[idx] == i]:
+            if left <= 0:
+                break
+            u = int(units[w])
+            cover[i] += left * prices[w] if u >= left else u * prices[w]
+            left = max(left - u, 0)
     lb = np.maximum(lb, cover)
     return np.where(allowed & cap_ok, lb, np.inf)
 
@@ -243,9 +238,10 @@ def _lower_bounds_fresh(p: Problem, work: Work, part: Part, allowed: np.ndarray)
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases, st.data())
 def test_the_kept_bound_passes_give_the_fresh_bounds_to_the_bit(case, data):
-    """`lower_bounds` keeps its passes over the workloads per problem and patches the nodes whose workloads moved;
-    with any set of workloads moved (their room given back) and asked again, every node's bound is the one a
-    fresh pass over what is left gives, to the last bit, for the request and for each workload's own shape."""
+    """`lower_bounds` keeps the bounds of the problem's state per shape and patches the nodes a working state
+    changed; with any set of workloads moved (their room given back) and asked again, every node's bound is
+    the one a fresh pass over what is left gives, to the last bit, for the request and for each workload's own
+    shape."""
     (state, request), opts = case
     p = Problem(state, opts)
     work = Work(p)

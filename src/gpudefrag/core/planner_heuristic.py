@@ -14,7 +14,7 @@ import functools
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,56 +201,55 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray,
 
     Each GPU that must be freed needs at least one workload moved: a whole-GPU workload frees its GPUs at
     score/GPUs each, a shared one at most one GPU for its whole score. The bound is the cheapest fractional
-    cover of the missing GPUs by those prices (a fractional knapsack, vectorised over all nodes), and at least
-    the node's cheapest single move.
+    cover of the missing GPUs by those prices (a fractional knapsack), and at least the node's cheapest single
+    move.
 
-    What depends on the workloads alone (per node: the cheapest price per GPU and move, the GPUs its whole-GPU
-    workloads hold, the GPUs a shared one could vacate; the price order) is made once per problem and score
-    vector (`_bound_base`); a call patches the few nodes whose workloads moved already and redoes only what
-    depends on the free arrays. A chain search asks this hundreds of times per decision, and the scatter
-    (`ufunc.at`) passes over every workload were most of it. The result is the one the passes over what is
-    left give, to the last bit: minima and integer counts do not depend on the order, and the cover costs'
-    running sums over the price order with the moved workloads counted as 0 are those over the order without
-    them (adding 0 changes no float)."""
+    A node's bound reads only that node: its free row and which of its workloads moved already. So the bounds
+    of the problem's own state are made once per part shape and score vector (`_bounds_on` over every node),
+    and a working state patches only the nodes it changed (`Work.dirty`): a chain search asks this hundreds of
+    times per decision, and a pass over every node and workload was most of a decision's time on 5,000 nodes
+    (issue 27). Patched or not, a node's bound is the same function of the same numbers, to the last bit."""
     sc = p.score if scores is None else scores
-    key = ("bounds", id(sc), part.gpus, part.milli, work.free.tobytes(), frozenset(work.moved))
+    b = _bound_base(p, sc)
+    key = ("bounds", id(sc), part.gpus, part.milli)
     kept = p.memo.get(key)
     if kept is None or kept[0] is not sc:
-        kept = p.memo[key] = (sc, _bounds(p, work, part, _bound_base(p, sc)))
-    return np.where(allowed, kept[1], np.inf)
+        every = np.arange(len(p.state.nodes))
+        kept = p.memo[key] = (sc, _bounds_on(p, b, part, every, p.state.free_milli, frozenset()))
+    lb = kept[1]
+    if work.dirty:
+        lb = lb.copy()
+        nodes = np.fromiter(work.dirty, dtype=np.int64, count=len(work.dirty))
+        lb[nodes] = _bounds_on(p, b, part, nodes, work.free[nodes], work.moved)
+    return np.where(allowed, lb, np.inf)
 
 
-def _bounds(p: Problem, work: Work, part: Part, b: _BoundBase) -> np.ndarray:
-    """`lower_bounds` on every node: a function of the free array, the workloads moved already and the part's
-    GPU count and share, kept per problem (a decision's chains ask the same of the same working state: two
-    calls in five on the replay in time)."""
-    min_ratio, min_item, capacity, shared = b.min_ratio, b.min_item, b.capacity, b.shared
-    unit_cost, units = b.unit_cost, b.units
-    if work.moved:
-        moved = list(work.moved)
-        min_ratio, min_item, capacity, shared = min_ratio.copy(), min_item.copy(), capacity.copy(), shared.copy()
-        for c in {int(p.src[w]) for w in moved}:
-            kept = [int(v) for v in p.on_node(c) if int(v) not in work.moved]
-            min_ratio[c] = min((b.ratio[v] for v in kept), default=np.inf)
-            min_item[c] = min((b.item[v] for v in kept), default=np.inf)
-            capacity[c] = sum(int(b.holds[v]) for v in kept)
-            shared[c] = False
-            for v in kept:
-                if b.frac[v]:
-                    shared[c, p.gpu0[v]] = True
-        at = b.pos_of[moved]
-        at = at[at >= 0]
-        if len(at):
-            unit_cost, units = unit_cost.copy(), units.copy()
-            unit_cost[at] = 0.0
-            units[at] = 0
-    free = work.free
+def _bounds_on(p: Problem, b: _BoundBase, part: Part, nodes: np.ndarray, free: np.ndarray,
+               moved: Container[int]) -> np.ndarray:
+    """`lower_bounds` on the nodes `nodes`, whose free rows are `free`, with the workloads `moved` gone from
+    them. One formula for the whole cluster and for the few nodes a working state changed."""
+    if len(nodes) == len(p.state.nodes) and not moved:
+        min_ratio, min_item, capacity, shared = b.min_ratio, b.min_item, b.capacity, b.shared
+        seg = np.arange(len(b.src))  # the price order of every node, whole
+        starts, ends = b.starts, b.ends
+    else:
+        ws = [int(v) for c in nodes.tolist() for v in p.on_node(c).tolist() if int(v) not in moved]
+        min_ratio, min_item, capacity, shared = _node_stats(p, b, np.array(ws, dtype=np.int64), nodes)
+        seg = np.concatenate([np.arange(b.starts[c], b.ends[c]) for c in nodes.tolist()] or [np.zeros(0, int)])
+        lens = b.ends[nodes] - b.starts[nodes]
+        ends = np.cumsum(lens)
+        starts = ends - lens
+    units, unit_cost = b.units[seg], b.unit_cost[seg]
+    if moved:
+        gone = np.fromiter((v in moved for v in b.order[seg].tolist()), dtype=bool, count=len(seg))
+        units = np.where(gone, 0, units)
+        unit_cost = np.where(gone, 0.0, unit_cost)
     have = (free >= part.milli).sum(axis=1)
     need = np.maximum(part.gpus - have, 0)
     partly = (free > 0) & (free < MILLI)
     cap_ok = have + capacity + (shared | partly).sum(axis=1) >= part.gpus
     lb = np.maximum(min_item, need * np.where(np.isfinite(min_ratio), min_ratio, 0.0))
-    lb = np.maximum(lb, _cover_cost(b, units, unit_cost, need))
+    lb = np.maximum(lb, _cover_cost(units, unit_cost, b.price[seg], starts, ends, need))
     return np.where(cap_ok, lb, np.inf)
 
 
@@ -259,9 +258,9 @@ class _BoundBase:
     """What `lower_bounds` reads of the workloads alone, for one problem and score vector: per workload its price
     per GPU freed (`ratio`), its score (`item`, inf for a multi-node one), the GPUs it holds whole (`holds`),
     whether it shares a GPU it could vacate (`frac`); per node the minima and sums of those over its single-node
-    workloads; and the single-node workloads that can free a GPU in price order (`_price_order`) with their
-    units, units × price and nodes, where each node's run of them starts and ends, and each workload's place
-    in that order (-1: not in it)."""
+    workloads (`_node_stats`); and the single-node workloads that can free a GPU in price order
+    (`_price_order`: `order`) with their nodes, units, units × price and price, and where each node's run of
+    them starts and ends."""
 
     ratio: np.ndarray
     item: np.ndarray
@@ -271,13 +270,13 @@ class _BoundBase:
     min_item: np.ndarray
     capacity: np.ndarray
     shared: np.ndarray
+    order: np.ndarray
     src: np.ndarray
     units: np.ndarray
     unit_cost: np.ndarray
     price: np.ndarray
     starts: np.ndarray
     ends: np.ndarray
-    pos_of: np.ndarray
 
 
 def _bound_base(p: Problem, scores: np.ndarray) -> _BoundBase:
@@ -287,36 +286,48 @@ def _bound_base(p: Problem, scores: np.ndarray) -> _BoundBase:
         return got[1]  # type: ignore[no-any-return]
     n = len(p.state.nodes)
     single = ~p.multi
-    src = p.src[single]
     by_price, units, ratio = _price_order(p, scores)  # ratio: every workload's price per GPU freed
     item = np.where(single, scores, np.inf)
     holds = np.where(single & (p.milli >= MILLI), p.gpus, 0)
     frac = single & (p.milli < MILLI) & (p.gpu0 >= 0)
-    min_ratio = np.full(n, np.inf)
-    np.minimum.at(min_ratio, src, ratio[single])
-    min_item = np.full(n, np.inf)
-    np.minimum.at(min_item, src, scores[single])
-    capacity = np.zeros(n, dtype=np.int64)
-    np.add.at(capacity, src, holds[single])
-    shared = np.zeros(p.state.free_milli.shape, dtype=bool)  # GPUs a shared-GPU workload could vacate
-    shared[p.src[frac], p.gpu0[frac]] = True
     s_src = p.src[by_price]
-    pos_of = np.full(len(p.ws), -1, dtype=np.int64)
-    pos_of[by_price] = np.arange(len(by_price))
-    base = _BoundBase(ratio, item, holds, frac, min_ratio, min_item, capacity, shared, s_src, units[by_price],
+    base = _BoundBase(ratio, item, holds, frac, *([np.zeros(0)] * 4), by_price, s_src, units[by_price],
                       units[by_price] * ratio[by_price], ratio[by_price], np.searchsorted(s_src, np.arange(n)),
-                      np.searchsorted(s_src, np.arange(n), side="right"), pos_of)
+                      np.searchsorted(s_src, np.arange(n), side="right"))
+    base.min_ratio, base.min_item, base.capacity, base.shared = _node_stats(p, base, np.flatnonzero(single),
+                                                                            np.arange(n))
     p.memo[key] = (scores, base)
     return base
+
+
+def _node_stats(p: Problem, b: _BoundBase, ws: np.ndarray,
+                nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per node of `nodes`, over the single-node workloads `ws` (all of them on those nodes): the cheapest price
+    per GPU freed and move, the GPUs held whole, and which GPUs a shared workload could vacate."""
+    local = np.full(len(p.state.nodes), -1, dtype=np.int64) if len(nodes) < len(p.state.nodes) else None
+    if local is not None:
+        local[nodes] = np.arange(len(nodes))
+        at = local[p.src[ws]]
+    else:
+        at = p.src[ws]
+    m = len(nodes)
+    min_ratio = np.full(m, np.inf)
+    np.minimum.at(min_ratio, at, b.ratio[ws])
+    min_item = np.full(m, np.inf)
+    np.minimum.at(min_item, at, b.item[ws])
+    capacity = np.zeros(m, dtype=np.int64)
+    np.add.at(capacity, at, b.holds[ws])
+    shared = np.zeros((m, p.state.free_milli.shape[1]), dtype=bool)
+    fr = b.frac[ws]
+    shared[at[fr], p.gpu0[ws][fr]] = True
+    return min_ratio, min_item, capacity, shared
 
 
 def _price_order(p: Problem, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The single-node workloads that can free a GPU, by node and then by price per GPU freed (ties: workload
     number), with every workload's units (GPUs it frees) and price: what `_cover_cost` buys from. Made once per
-    problem and score vector, inside `_bound_base` (a chain search asks `lower_bounds` hundreds of times per
-    decision and the sort was its largest part). Leaving out the workloads moved already keeps the order of the
-    rest (the sort is stable and the keys are per workload), so the cover costs are those of a sort of what is
-    left, to the last bit."""
+    problem and score vector, inside `_bound_base`. Leaving out the workloads moved already keeps the order of
+    the rest (the sort is stable and the keys are per workload)."""
     whole = (p.milli >= MILLI) & (p.gpus > 0)
     prices = np.where(whole, scores / np.maximum(p.gpus, 1), scores)
     units = np.where(p.milli >= MILLI, p.gpus, 1)
@@ -324,46 +335,84 @@ def _price_order(p: Problem, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return idx[np.lexsort((prices[idx], p.src[idx]))], units, prices
 
 
-def _cover_cost(b: _BoundBase, units: np.ndarray, unit_cost: np.ndarray, need: np.ndarray) -> np.ndarray:
-    """Per node, the cheapest way to buy `need` units from that node's items (each `units` at its price per
-    unit, the last one fractionally; the items of `b`'s price order, sorted by node, then by price; a moved one
-    has 0 units at 0 cost); 0 where nothing is needed, and the whole stock where it is too small (the capacity
-    check rules those nodes out)."""
-    src, starts, ends, price = b.src, b.starts, b.ends, b.price
-    n = len(need)
-    out = np.zeros(n)
-    if not len(src):
-        return out
-    cum_units = np.cumsum(units)
-    cum_cost = np.cumsum(unit_cost)
-    before = np.maximum(starts - 1, 0)
-    base_units = np.where(starts > 0, cum_units[before], 0)
-    base_cost = np.where(starts > 0, cum_cost[before], 0.0)
-    want = base_units + need  # the global cumulative count at which node i's need is met
-    pos = np.searchsorted(cum_units, want, side="left")
-    inside = (need > 0) & (pos < ends)
-    pi = np.minimum(pos, len(src) - 1)
-    cost_at = cum_cost[pi] - (cum_units[pi] - want) * price[pi] - base_cost
-    total = np.where(ends > starts, cum_cost[np.maximum(ends - 1, 0)] - base_cost, 0.0)
-    return np.where(inside, cost_at, np.where(need > 0, total, 0.0))
+def _cover_cost(units: np.ndarray, unit_cost: np.ndarray, price: np.ndarray, starts: np.ndarray,
+                ends: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """Per node, the cheapest way to buy `need` units from that node's items (its run `starts:ends` of the
+    items, in price order; each `units` at `price` per unit, the last one bought fractionally; a moved one has
+    0 units at 0 cost); 0 where nothing is needed, and the whole stock where it is too small (the capacity
+    check rules those nodes out). Summed item by item along each node's run, all nodes at once: as many steps
+    as the most items one node needs (a handful; each frees at least one GPU), and each node's sum is the same
+    to the bit whichever nodes are summed beside it."""
+    cost = np.zeros(len(need))
+    left = need.astype(np.int64)
+    at = starts.copy()
+    while True:
+        go = np.flatnonzero((left > 0) & (at < ends))
+        if not len(go):
+            return cost
+        k = at[go]
+        u = units[k]
+        last = u >= left[go]
+        cost[go] += np.where(last, left[go] * price[k], unit_cost[k])
+        left[go] = np.where(last, 0, left[go] - u)
+        at[go] += 1
 
 
 def _best_fit(p: Problem, work: Work, wi: int, forbid: np.ndarray) -> int | None:
-    gpus, milli = int(p.gpus[wi]), int(p.milli[wi])
-    mask = p.targets_mask(wi) & ~forbid & work.budget_ok()
-    mask[int(p.src[wi])] = False
-    idx = np.flatnonzero(mask)
-    idx = idx[fits(work.free[idx], work.cpu[idx], work.mem[idx], p.shape(wi))]
-    if not len(idx):
+    """The node a released workload moves to directly: of the nodes it may go to (its targets, not forbidden,
+    within the move budget, not its own) where it fits, the fullest (fewest whole GPUs left after it, then the
+    least room; ties: node number). The nodes the working state left as they were rank as on the problem's
+    state, kept once per targets and shape (`_fit_order`); only the ones it changed are ranked afresh. A
+    decision places thousands of workloads, and a pass over every node each time was a third of a decision's
+    time on 5,000 nodes."""
+    if p.opts.max_moves_per_node <= 0:
         return None
-    rows = work.free[idx]
-    if gpus == 1 and milli < MILLI:
-        left = np.where(rows >= milli, rows - milli, MILLI + 1).min(axis=1)
-        tie = (rows >= MILLI).sum(axis=1)  # keep whole GPUs whole
-    else:
-        left = (rows >= milli).sum(axis=1) - gpus
-        tie = np.where(rows > 0, rows, 0).sum(axis=1)
-    return int(idx[np.lexsort((idx, tie, left))[0]])
+    shape = p.shape(wi)
+    targets = p.targets_mask(wi)
+    order, left, tie = _fit_order(p, targets, shape)
+    src = int(p.src[wi])
+    dirty = work.dirty
+    best: tuple[int, int, int] | None = None
+    for k, i in enumerate(order):
+        if i not in dirty and i != src and not forbid[i]:
+            best = (left[k], tie[k], i)
+            break
+    cand = [c for c in dirty if targets[c] and not forbid[c] and c != src
+            and work.touched[c] < p.opts.max_moves_per_node]
+    if cand:
+        idx = np.array(cand, dtype=np.int64)
+        idx = idx[fits(work.free[idx], work.cpu[idx], work.mem[idx], shape)]
+        if len(idx):
+            lf, ti = _fit_rank(work.free[idx], shape)
+            k = int(np.lexsort((idx, ti, lf))[0])
+            mine = (int(lf[k]), int(ti[k]), int(idx[k]))
+            best = mine if best is None or mine < best else best
+    return None if best is None else best[2]
+
+
+def _fit_order(p: Problem, targets: np.ndarray, shape: Shape) -> tuple[list[int], list[int], list[int]]:
+    """The nodes of `targets` where `shape` fits on the problem's state, in `_best_fit`'s order, with their
+    ranks; made once per problem, targets mask and shape."""
+    key = ("fit_order", id(targets), shape)
+    got = p.memo.get(key)
+    if got is None or got[0] is not targets:
+        st = p.state
+        idx = np.flatnonzero(targets)
+        idx = idx[fits(st.free_milli[idx], st.cpu_free[idx], st.mem_free[idx], shape)]
+        lf, ti = _fit_rank(st.free_milli[idx], shape)
+        by = np.lexsort((idx, ti, lf))
+        got = p.memo[key] = (targets, (idx[by].tolist(), lf[by].tolist(), ti[by].tolist()))
+    return got[1]  # type: ignore[no-any-return]
+
+
+def _fit_rank(rows: np.ndarray, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
+    """`_best_fit`'s rank of nodes with these free rows (lower is fuller): a share goes to the GPU it leaves the
+    least on, keeping whole GPUs whole; whole GPUs to the node left with the fewest fitting GPUs, then the least
+    room."""
+    milli = shape.gpu_milli
+    if shape.num_gpu == 1 and milli < MILLI:
+        return np.where(rows >= milli, rows - milli, MILLI + 1).min(axis=1), (rows >= MILLI).sum(axis=1)
+    return (rows >= milli).sum(axis=1) - shape.num_gpu, np.where(rows > 0, rows, 0).sum(axis=1)
 
 
 def _place(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int = CHAIN_DEPTH,
@@ -403,8 +452,7 @@ def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int,
     (clear_node's two orders, sets of one node that displace the same workload first, the same victim of
     several chains; a third of the searches on the replay in time), so each answer is kept for the decision's
     problem, keyed by all of that, and handed out as a copy carrying the asker's own reservations."""
-    key = (work.free.tobytes(), work.cpu.tobytes(), work.mem.tobytes(), work.touched.tobytes(),
-           tuple(work.moved.items()), work.score, wi, forbid.tobytes(), depth, limit)
+    key = (_state_key(work), tuple(work.moved.items()), work.score, wi, forbid.tobytes(), depth, limit)
     memo: dict[tuple[object, ...], Work | None] = p.memo.setdefault(("chain",), {})
     if key in memo:
         kept = memo[key]
@@ -416,6 +464,15 @@ def _chain(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int,
     best = _chain_search(p, work, wi, forbid, depth, limit)
     memo[key] = None if best is None else best.clone()
     return best
+
+
+def _state_key(work: Work) -> tuple[object, ...]:
+    """The working state's arrays as a key: the rows (free GPUs, CPU, memory, moves) of the nodes it changed;
+    every other row is the problem's. Finer than the arrays themselves (a node changed and changed back keys
+    apart), which costs a kept answer now and then, never a wrong one, and a tenth of copying every row."""
+    nodes = sorted(work.dirty)
+    return (tuple(nodes), work.free[nodes].tobytes(), work.cpu[nodes].tobytes(), work.mem[nodes].tobytes(),
+            work.touched[nodes].tobytes())
 
 
 def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: int, limit: float) -> Work | None:

@@ -234,6 +234,8 @@ class Work:
         self.order: list[int] = []  # workloads in the order they move
         self.reserved: list[tuple[Part, int, tuple[int, ...]]] = []
         self.score = 0.0
+        # nodes whose rows may differ from the problem's state: what the heuristic's per-node caches recompute
+        self.dirty: set[int] = set()
 
     @property
     def free(self) -> np.ndarray:
@@ -256,22 +258,26 @@ class Work:
         c.order = list(self.order)
         c.reserved = list(self.reserved)
         c.score = self.score
+        c.dirty = set(self.dirty)
         return c
 
     def assign(self, other: Work) -> None:
         """Become `other` (a clone this one was branched into)."""
         self.cap, self.touched = other.cap, other.touched
         self.moved, self.order, self.reserved, self.score = other.moved, other.order, other.reserved, other.score
+        self.dirty = other.dirty
 
     def release(self, wi: int) -> None:
         """Take a workload off its source node (its GPUs become free)."""
         p = self.p
         self.cap.give(int(p.src[wi]), p.ws[wi].placements[0].gpus, p.shape(wi))
+        self.dirty.add(int(p.src[wi]))
 
     def move(self, wi: int, dst: int, gpus: tuple[int, ...]) -> None:
         """Record a move whose source was already released."""
         p = self.p
         self.cap.take(dst, gpus, p.shape(wi))
+        self.dirty.add(dst)
         self.moved[wi] = (dst, gpus)
         self.order.append(wi)
         self.touched[int(p.src[wi])] += 1
@@ -280,6 +286,7 @@ class Work:
 
     def reserve(self, part: Part, i: int, gpus: tuple[int, ...]) -> None:
         self.cap.take(i, gpus, part.shape)
+        self.dirty.add(i)
         self.reserved.append((part, i, gpus))
 
     def fits_without(self, node: int, gone: list[int], shape: Shape) -> bool:
