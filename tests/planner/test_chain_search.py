@@ -320,3 +320,35 @@ def test_the_search_limit_cuts_only_searches_that_reach_it(case, limit):
         assert p.cut and p.trials == limit
         if got.feasible:
             assert_valid(state, got, bounded)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases, st.data())
+def test_room_bound_with_every_set_at_once_is_the_walk_in_cost_order(case, data):
+    """`room_bound` tests every set of a small node at once (`_room_bound_at_once`) instead of walking them in
+    order of cost: on every node, for the request's shape and for a workload's own, with no bar and with a bar
+    drawn among the set costs, it must give what the walk gives (the cheapest set that makes room, the first
+    cost at the bar, or inf), up to a last-bit tie between two sets."""
+    (state, request), opts = case
+    p = Problem(state, opts)
+    work = Work(p)
+    part = parts_of(state, [request])[0]
+    singles = [int(w) for w in np.flatnonzero(~p.multi)]
+    shapes = [part, *(Part(-1, p.ws[w].request, p.shape(w), part.eligible) for w in singles[:2])]
+    at_once = 0
+    for shape in shapes:
+        for i in range(len(state.nodes)):
+            bar = data.draw(st.one_of(st.just(math.inf), st.floats(0, 50)))
+            fast = ph.room_bound(p, work, shape, i, bar)
+            saved = ph.FEW_ITEMS
+            ph.FEW_ITEMS = 10**6  # the walk
+            try:
+                walk = ph.room_bound(p, work, shape, i, bar)
+            finally:
+                ph.FEW_ITEMS = saved
+            assert math.isinf(fast) == math.isinf(walk)
+            if not math.isinf(fast):
+                assert fast == pytest.approx(walk, rel=1e-12, abs=1e-12)
+            items = [w for w in p.on_node(i) if p.why_not_movable(int(w)) is None]
+            at_once += len(items) >= ph.FEW_ITEMS
+    event(f"nodes tested at once: {min(at_once, 3)}+")
