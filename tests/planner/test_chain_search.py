@@ -241,7 +241,8 @@ def test_the_kept_bound_passes_give_the_fresh_bounds_to_the_bit(case, data):
     """`lower_bounds` keeps the bounds of the problem's state per shape and patches the nodes a working state
     changed; with any set of workloads moved (their room given back) and asked again, every node's bound is
     the one a fresh pass over what is left gives, to the last bit, for the request and for each workload's own
-    shape."""
+    shape; and the few lowest of them a chain search ranks its nodes by (`_lowest_bounds`, merged from the
+    state's sorted order) are the lowest of the fresh ones, in the order a stable sort gives."""
     (state, request), opts = case
     p = Problem(state, opts)
     work = Work(p)
@@ -254,6 +255,14 @@ def test_the_kept_bound_passes_give_the_fresh_bounds_to_the_bit(case, data):
             got = ph.lower_bounds(p, work, part, allowed)
             want = _lower_bounds_fresh(p, work, part, allowed)
             assert np.array_equal(got, want)
+            # the chain search's candidates: the lowest few of the same bounds, some nodes left out
+            skipped = set(data.draw(st.sets(st.integers(0, len(state.nodes) - 1), max_size=3)))
+            count = data.draw(st.integers(1, 5))
+            fresh = _lower_bounds_fresh(p, work, part, allowed & ~np.isin(np.arange(len(state.nodes)), list(skipped)))
+            finite = np.flatnonzero(np.isfinite(fresh))
+            best = finite[np.argsort(fresh[finite], kind="stable")][:count]
+            lowest = ph._lowest_bounds(p, work, part, allowed, lambda c, s=skipped: c in s, count)
+            assert lowest == [(float(fresh[c]), int(c)) for c in best]
         left = [w for w in singles if w not in work.moved]
         if not left:
             break

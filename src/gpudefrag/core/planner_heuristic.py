@@ -14,7 +14,7 @@ import functools
 import heapq
 import itertools
 import math
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -248,18 +248,52 @@ def lower_bounds(p: Problem, work: Work, part: Part, allowed: np.ndarray,
     times per decision, and a pass over every node and workload was most of a decision's time on 5,000 nodes
     (issue 27). Patched or not, a node's bound is the same function of the same numbers, to the last bit."""
     sc = p.score if scores is None else scores
-    b = _bound_base(p, sc)
+    lb = _state_bounds(p, sc, part)
+    if work.dirty:
+        lb = lb.copy()
+        nodes = np.fromiter(work.dirty, dtype=np.int64, count=len(work.dirty))
+        lb[nodes] = _bounds_on(p, _bound_base(p, sc), part, nodes, work.free[nodes], work.moved)
+    return np.where(allowed, lb, np.inf)
+
+
+def _state_bounds(p: Problem, sc: np.ndarray, part: Part) -> np.ndarray:
+    """`lower_bounds` on the problem's own state, every node: kept per score vector and part shape."""
     key = ("bounds", id(sc), part.gpus, part.milli)
     kept = p.memo.get(key)
     if kept is None or kept[0] is not sc:
         every = np.arange(len(p.state.nodes))
-        kept = p.memo[key] = (sc, _bounds_on(p, b, part, every, p.state.free_milli, frozenset()))
-    lb = kept[1]
-    if work.dirty:
-        lb = lb.copy()
-        nodes = np.fromiter(work.dirty, dtype=np.int64, count=len(work.dirty))
-        lb[nodes] = _bounds_on(p, b, part, nodes, work.free[nodes], work.moved)
-    return np.where(allowed, lb, np.inf)
+        kept = p.memo[key] = (sc, _bounds_on(p, _bound_base(p, sc), part, every, p.state.free_milli, frozenset()))
+    return kept[1]  # type: ignore[no-any-return]
+
+
+def _lowest_bounds(p: Problem, work: Work, part: Part, targets: np.ndarray, skip: Callable[[int], bool],
+                   count: int) -> list[tuple[float, int]]:
+    """The `count` nodes of `targets` with the lowest finite `lower_bounds` for `part` in the working state,
+    lowest first (ties: node number), leaving out the nodes `skip` names: what a chain search ranks its
+    candidate nodes by. The nodes the state left as they were come in the order of the problem's state, sorted
+    once per targets mask and shape; only the nodes it changed are bounded afresh and merged in. A chain
+    search ran a bound over every node and a sort of them for its 16 best: most of its time at 5,000 nodes."""
+    key = ("bound_order", id(targets), part.gpus, part.milli)
+    kept = p.memo.get(key)
+    if kept is None or kept[0] is not targets:
+        lb = _state_bounds(p, p.score, part)
+        idx = np.flatnonzero(targets & np.isfinite(lb))
+        idx = idx[np.argsort(lb[idx], kind="stable")]
+        kept = p.memo[key] = (targets, list(zip(lb[idx].tolist(), idx.tolist(), strict=True)))
+    dirty = work.dirty
+    out: list[tuple[float, int]] = []
+    for v, c in kept[1]:
+        if len(out) >= count:
+            break
+        if c not in dirty and not skip(c):
+            out.append((v, c))
+    mine = [c for c in dirty if targets[c] and not skip(c)]
+    if mine:
+        nodes = np.array(mine, dtype=np.int64)
+        got = _bounds_on(p, _bound_base(p, p.score), part, nodes, work.free[nodes], work.moved)
+        out.extend((float(v), c) for v, c in zip(got.tolist(), mine, strict=True) if math.isfinite(v))
+        out.sort()
+    return out[:count]
 
 
 def _bounds_on(p: Problem, b: _BoundBase, part: Part, nodes: np.ndarray, free: np.ndarray,
@@ -517,23 +551,22 @@ def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: in
     """`_chain` without the memo."""
     w = p.ws[wi]
     budget = p.opts.max_moves_per_node
-    mask = p.targets_mask(wi) & ~forbid & (work.touched + 2 <= budget)
-    mask[int(p.src[wi])] = False
-    if not mask.any():
-        return None
     own = float(p.score[wi])
-    if work.score + own >= limit:
-        return None  # its own move alone takes the score to the limit
+    if budget < 2 or work.score + own >= limit:
+        return None  # no node can take two more moves, or its own move alone takes the score to the limit
     wshape = p.shape(wi)
-    shape = Part(-1, w.request, wshape, mask)
-    lb = lower_bounds(p, work, shape, mask)
-    order = np.flatnonzero(np.isfinite(lb))
-    order = order[np.argsort(lb[order], kind="stable")][: CHAIN_NODES if depth == CHAIN_DEPTH else CHAIN_NODES_INNER]
+    targets = p.targets_mask(wi)
+    src, touched = int(p.src[wi]), work.touched
+
+    def skip(c: int) -> bool:
+        return c == src or bool(forbid[c]) or int(touched[c]) + 2 > budget
+
+    order = _lowest_bounds(p, work, Part(-1, w.request, wshape, targets), targets, skip,
+                           CHAIN_NODES if depth == CHAIN_DEPTH else CHAIN_NODES_INNER)
     best: Work | None = None
     f2 = forbid.copy()
-    for c in order:
-        c = int(c)
-        if work.score + lb[c] + own >= _bar(best, limit):
+    for lb_c, c in order:
+        if work.score + lb_c + own >= _bar(best, limit):
             break
         items = _movers(p, c, work.moved, wi)
         max_size = min(CHAIN_VICTIMS, work.moves_left() - 1, budget - 1 - int(work.touched[c]), len(items))
