@@ -276,7 +276,8 @@ def test_the_kept_bound_passes_give_the_fresh_bounds_to_the_bit(case, data):
 def test_the_chain_sets_are_the_fitting_ones_of_the_first_sets_in_cost_order(case):
     """`_chain_sets` hands the chain the sets of a node it would have found fitting among the first
     CHAIN_SUBSETS of `cheapest_subsets`, in that order, each with the dearest cost seen since the fitting set
-    before it (where the chain's loop stops is decided by those costs); asked again it gives the kept answer."""
+    before it (where the chain's loop stops is decided by those costs); asked again it gives the kept answer,
+    under the full key and under the short one of a node the working state left as it was."""
     from gpudefrag.core.capacity import fits_one
 
     (state, request), opts = case
@@ -284,7 +285,7 @@ def test_the_chain_sets_are_the_fitting_ones_of_the_first_sets_in_cost_order(cas
     work = Work(p)
     shapes = [parts_of(state, [request])[0].shape, *(p.shape(int(w)) for w in np.flatnonzero(~p.multi))][:4]
     for c in range(len(state.nodes)):
-        items = ph._movers(p, c, work.moved, -1)
+        items = ph._movers(p, c)
         assert items == sorted((int(v) for v in p.on_node(c) if p.why_not_movable(int(v)) is None),
                                key=lambda v: (p.score[v], v))
         costs = [float(p.score[v]) for v in items]
@@ -303,6 +304,10 @@ def test_the_chain_sets_are_the_fitting_ones_of_the_first_sets_in_cost_order(cas
                 got = ph._chain_sets(p, work, c, items, max_size, shape)
                 assert list(got) == want
                 assert ph._chain_sets(p, work, c, items, max_size, shape) is got
+                # a node as the state has it, keyed by itself alone: the same answer, kept under its own key
+                clean = ph._chain_sets(p, work, c, items, max_size, shape, clean=True)
+                assert list(clean) == want
+                assert ph._chain_sets(p, work, c, items, max_size, shape, clean=True) is clean
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -361,3 +366,72 @@ def test_room_bound_with_every_set_at_once_is_the_walk_in_cost_order(case, data)
             items = [w for w in p.on_node(i) if p.why_not_movable(int(w)) is None]
             at_once += len(items) >= ph.FEW_ITEMS
     event(f"nodes tested at once: {min(at_once, 3)}+")
+
+
+@st.composite
+def packed(draw) -> tuple[ClusterState, Request]:
+    """5 to 10 eight-GPU nodes, nearly every GPU held by a whole-GPU job or two shares, and a request of two to
+    eight GPUs: a plan moves several workloads, and chains look at nodes an earlier move of the same trial
+    changed (where the heuristic's kept per-node answers must not be used)."""
+    nodes = [Node(f"n{i}", 8, "H100") for i in range(draw(st.integers(5, 10)))]
+    ws: list[Workload] = []
+    for nd in nodes:
+        for g in range(8):
+            kind = draw(st.integers(0, 9))
+            shares = [] if kind == 0 else [1000] if kind <= 6 else draw(st.sampled_from(([500, 500], [250, 750],
+                                                                                        [500], [250])))
+            for k, m in enumerate(shares):
+                ws.append(Workload(f"{nd.name}-{g}-{k}", Request(1, gpu_milli=m),
+                                   placements=(Placement(nd.name, (g,)),),
+                                   checkpoint_bytes=draw(st.integers(0, 40)) << 30,
+                                   last_checkpoint_at=1000.0 - draw(st.integers(0, 900))))
+    request = draw(st.sampled_from((Request(2), Request(3), Request(4), Request(8), Request(1, gpu_milli=750))))
+    return ClusterState.build(nodes, ws, now=1000.0), request
+
+
+def _moved_some(p: Problem, work: Work, picks: list[tuple[int, int]]) -> Work:
+    """`work` with some single-node workloads moved (each pick: a workload, a node counted among those it fits
+    on), as a plan's first moves would leave it."""
+    from gpudefrag.core.capacity import pick_gpus
+
+    for w, k in picks:
+        if w in work.moved or p.multi[w]:
+            continue
+        work.release(w)
+        fit = [d for d in range(len(p.state.nodes)) if d != p.src[w] and work.cap.fits_on(d, p.shape(w))]
+        if not fit:
+            work.cap.take(int(p.src[w]), p.ws[w].placements[0].gpus, p.shape(w))
+            continue
+        d = fit[k % len(fit)]
+        work.move(w, d, pick_gpus(work.free[d], p.shape(w)))
+    return work
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(cases, st.tuples(packed(), busy_options)), st.data())
+def test_the_shortcuts_for_nodes_a_state_left_alone_change_no_plan(case, data):
+    """The heuristic reads a node the working state did not change from what it kept for the problem's state
+    (bounds, best-fit ranks, a chain's sets under a short key) and computes only the changed ones (`Work.dirty`)
+    afresh. After a first search has filled those caches, a search from a state where some workloads moved
+    already must give what a search on a fresh problem with every node counted as changed gives: the same
+    moves, GPUs, score and reason."""
+    (state, request), opts = case
+    parts = parts_of(state, [request])
+    p = Problem(state, opts)
+    ph.solve(p, parts)  # fills the caches from the state's rows
+    n_ws = len(p.ws)
+    picks = data.draw(st.lists(st.tuples(st.integers(0, max(n_ws - 1, 0)), st.integers(0, 20)), max_size=6)) \
+        if n_ws else []
+    got = ph.solve(p, parts, _moved_some(p, Work(p), picks))
+    q = Problem(state, opts)
+    every = Work(q)
+    every.dirty = set(range(len(state.nodes)))
+    want = ph.solve(q, parts, _moved_some(q, every, picks))
+    assert (got.work is None) == (want.work is None)
+    assert got.reason == want.reason
+    if got.work is not None and want.work is not None:
+        assert got.work.order == want.work.order
+        assert got.work.moved == want.work.moved
+        assert [(i, g) for _, i, g in got.work.reserved] == [(i, g) for _, i, g in want.work.reserved]
+        assert got.work.score == want.work.score
+        event(f"moves: {min(len(got.work.order), 4)}")

@@ -565,15 +565,18 @@ def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: in
                            CHAIN_NODES if depth == CHAIN_DEPTH else CHAIN_NODES_INNER)
     best: Work | None = None
     f2 = forbid.copy()
+    moves_left = work.moves_left()
     for lb_c, c in order:
         if work.score + lb_c + own >= _bar(best, limit):
             break
-        items = _movers(p, c, work.moved, wi)
-        max_size = min(CHAIN_VICTIMS, work.moves_left() - 1, budget - 1 - int(work.touched[c]), len(items))
+        # a node the working state left as it was: nothing moved off or onto it, and `wi` is not its own
+        clean = c not in work.dirty
+        items = _movers(p, c) if clean else [v for v in _movers(p, c) if v != wi and v not in work.moved]
+        max_size = min(CHAIN_VICTIMS, moves_left - 1, budget - 1 - int(work.touched[c]), len(items))
         if max_size <= 0 or work.score + float(p.score[items[0]]) + own >= _bar(best, limit):
             continue  # no set, or even the cheapest one (the first tried) costs too much: the loop below ends at once
         tries = 0
-        for sub, dearest in _chain_sets(p, work, c, items, max_size, wshape):
+        for sub, dearest in _chain_sets(p, work, c, items, max_size, wshape, clean):
             if tries >= 2 or work.score + dearest + own >= _bar(best, limit):
                 break
             if not p.spend():
@@ -600,28 +603,31 @@ def _chain_search(p: Problem, work: Work, wi: int, forbid: np.ndarray, depth: in
     return best
 
 
-def _movers(p: Problem, c: int, moved: dict[int, tuple[int, tuple[int, ...]]], wi: int) -> list[int]:
-    """Node c's workloads a chain may move out of the way of `wi`: the movable ones not moved yet, cheapest
-    first (ties: workload number). The node's sorted list is made once per problem."""
+def _movers(p: Problem, c: int) -> list[int]:
+    """Node c's movable workloads, cheapest first (ties: workload number), on the problem's state: what a chain
+    may move out of the way, less the ones moved already. Made once per problem."""
     key = ("movers", c)
     got = p.memo.get(key)
     if got is None:
         got = p.memo[key] = sorted((int(v) for v in p.on_node(c) if p.why_not_movable(int(v)) is None),
                                    key=lambda v: (p.score[v], v))
-    return [v for v in got if v != wi and v not in moved]
+    return got  # type: ignore[no-any-return]
 
 
 def _chain_sets(p: Problem, work: Work, c: int, items: list[int], max_size: int,
-                shape: Shape) -> tuple[tuple[tuple[int, ...], float], ...]:
+                shape: Shape, clean: bool = False) -> tuple[tuple[tuple[int, ...], float], ...]:
     """The sets of node c's `items` (indices, cheapest first) a chain tries to move out of the way for `shape`:
     of the first CHAIN_SUBSETS sets of at most `max_size` in order of cost (`cheapest_subsets`), the ones whose
     departure makes room on c's row of `work`, in that order, each with the dearest cost of the sets up to it
     since the one before (the chain stops at the first set, fitting or not, that costs too much: those costs
     decide where, to the bit). A function of c's row, CPU and memory, the items, `max_size` and `shape`, kept
     per decision: the chains of one decision ask the same node the same question hundreds of times (the replay
-    in time spent a third of its decisions enumerating and testing these sets in Python)."""
+    in time spent a third of its decisions enumerating and testing these sets in Python). `clean`: c is as
+    the problem's state has it (not in `Work.dirty`) and `items` are all its movers, so c, `max_size` and
+    `shape` are the whole key (most nodes a chain looks at: building the full key was a tenth of a decision)."""
     row, cpu0, mem0 = work.free[c], int(work.cpu[c]), int(work.mem[c])
-    key = ("chain_sets", c, tuple(items), max_size, shape, row.tobytes(), cpu0, mem0)
+    key = (("chain_sets", c, max_size, shape) if clean
+           else ("chain_sets", c, max_size, shape, tuple(items), row.tobytes(), cpu0, mem0))
     got = p.memo.get(key)
     if got is not None:
         return got  # type: ignore[no-any-return]
