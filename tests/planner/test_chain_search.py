@@ -419,6 +419,7 @@ def test_the_shortcuts_for_nodes_a_state_left_alone_change_no_plan(case, data):
     parts = parts_of(state, [request])
     p = Problem(state, opts)
     ph.solve(p, parts)  # fills the caches from the state's rows
+    p.trials, p.cut = 0, False  # a fresh search limit for the search compared
     n_ws = len(p.ws)
     picks = data.draw(st.lists(st.tuples(st.integers(0, max(n_ws - 1, 0)), st.integers(0, 20)), max_size=6)) \
         if n_ws else []
