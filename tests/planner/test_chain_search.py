@@ -28,21 +28,27 @@ def crowded(draw) -> tuple[ClusterState, Request]:
     request of one, two or four GPUs or a share: most plans need chains, and several candidate nodes are
     cleared after a first plan is found (what `PRUNE_BY_BEST` acts on; the small clusters of `problems` rarely
     get there)."""
-    nodes = [Node(f"n{i}", 4, "H100") for i in range(draw(st.integers(4, 9)))]
+    def shares(kind: int) -> list[int]:
+        return [] if kind == 0 else [1000] if kind <= 12 else draw(
+            st.sampled_from(([500], [750], [250, 500], [500, 500], [250])))
+
+    return _held(draw, draw(st.integers(4, 9)), 4, 24, shares,
+                 (Request(1), Request(1), Request(2), Request(4), Request(1, gpu_milli=750)))
+
+
+def _held(draw, n_nodes: int, n_gpus: int, kinds: int, shares, requests) -> tuple[ClusterState, Request]:
+    """`n_nodes` H100 nodes of `n_gpus`; each GPU held by the one-GPU jobs `shares(kind)` gives (their milli
+    each) for a kind drawn in 0..`kinds`; and one of `requests`."""
+    nodes = [Node(f"n{i}", n_gpus, "H100") for i in range(n_nodes)]
     ws: list[Workload] = []
     for nd in nodes:
-        for g in range(4):
-            kind = draw(st.integers(0, 24))
-            if kind == 0:
-                continue
-            shares = [1000] if kind <= 12 else draw(st.sampled_from(([500], [750], [250, 500], [500, 500], [250])))
-            for k, m in enumerate(shares):
+        for g in range(n_gpus):
+            for k, m in enumerate(shares(draw(st.integers(0, kinds)))):
                 ws.append(Workload(f"{nd.name}-{g}-{k}", Request(1, gpu_milli=m),
                                    placements=(Placement(nd.name, (g,)),),
                                    checkpoint_bytes=draw(st.integers(0, 40)) << 30,
                                    last_checkpoint_at=1000.0 - draw(st.integers(0, 900))))
-    request = draw(st.sampled_from((Request(1), Request(1), Request(2), Request(4), Request(1, gpu_milli=750))))
-    return ClusterState.build(nodes, ws, now=1000.0), request
+    return ClusterState.build(nodes, ws, now=1000.0), draw(st.sampled_from(requests))
 
 
 busy_options = st.builds(PlanOptions, max_moves=st.sampled_from((3, 6, 8)), max_moves_per_node=st.integers(2, 8),
@@ -373,20 +379,12 @@ def packed(draw) -> tuple[ClusterState, Request]:
     """5 to 10 eight-GPU nodes, nearly every GPU held by a whole-GPU job or two shares, and a request of two to
     eight GPUs: a plan moves several workloads, and chains look at nodes an earlier move of the same trial
     changed (where the heuristic's kept per-node answers must not be used)."""
-    nodes = [Node(f"n{i}", 8, "H100") for i in range(draw(st.integers(5, 10)))]
-    ws: list[Workload] = []
-    for nd in nodes:
-        for g in range(8):
-            kind = draw(st.integers(0, 9))
-            shares = [] if kind == 0 else [1000] if kind <= 6 else draw(st.sampled_from(([500, 500], [250, 750],
-                                                                                        [500], [250])))
-            for k, m in enumerate(shares):
-                ws.append(Workload(f"{nd.name}-{g}-{k}", Request(1, gpu_milli=m),
-                                   placements=(Placement(nd.name, (g,)),),
-                                   checkpoint_bytes=draw(st.integers(0, 40)) << 30,
-                                   last_checkpoint_at=1000.0 - draw(st.integers(0, 900))))
-    request = draw(st.sampled_from((Request(2), Request(3), Request(4), Request(8), Request(1, gpu_milli=750))))
-    return ClusterState.build(nodes, ws, now=1000.0), request
+    def shares(kind: int) -> list[int]:
+        return [] if kind == 0 else [1000] if kind <= 6 else draw(
+            st.sampled_from(([500, 500], [250, 750], [500], [250])))
+
+    return _held(draw, draw(st.integers(5, 10)), 8, 9, shares,
+                 (Request(2), Request(3), Request(4), Request(8), Request(1, gpu_milli=750)))
 
 
 def _moved_some(p: Problem, work: Work, picks: list[tuple[int, int]]) -> Work:
