@@ -180,20 +180,14 @@ def _set_fits(base: list[int], cpu: int, mem: int, frees: list[tuple[tuple[int, 
               max_size: int, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
     """Every set of at most `max_size` of one node's workloads (`_sets_of`, one 0/1 row per set) and whether its
     departure makes room for `shape`: the one fit (`fits`) on the node's row plus what each set gives back."""
-    sets = _sets_of(len(frees), max_size)
-    return sets, _rows_fit(base, cpu, mem, frees, sets, shape)
-
-
-def _rows_fit(base: list[int], cpu: int, mem: int, frees: list[tuple[tuple[int, ...], int, int, int]],
-              sets: np.ndarray, shape: Shape) -> np.ndarray:
-    """Per set of one node's workloads (`sets`: one 0/1 row per set over `frees`), whether its departure makes
-    room for `shape`: the one fit (`fits`) on the node's row plus what the set gives back, all sets at once."""
-    gives = np.zeros((len(frees), len(base) + 2), dtype=np.int64)  # per workload: its share per GPU, CPU, memory
+    k = len(frees)
+    gives = np.zeros((k, len(base) + 2), dtype=np.int64)  # per workload: its share on each GPU, its CPU, memory
     for j, (gs, m, c, mm) in enumerate(frees):
         gives[j, list(gs)] = m
         gives[j, -2:] = (c, mm)
+    sets = _sets_of(k, max_size)
     after = sets @ gives + np.array([*base, cpu, mem], dtype=np.int64)
-    return fits(after[:, :-2], after[:, -2], after[:, -1], shape)  # type: ignore[no-any-return]
+    return sets, fits(after[:, :-2], after[:, -2], after[:, -1], shape)
 
 
 @functools.cache
@@ -646,32 +640,26 @@ def _chain_sets(p: Problem, work: Work, c: int, items: list[int], max_size: int,
     frees = _frees(p, items)
     base = row.tolist()
     if _room_within(base, cpu0, mem0, frees, max_size, shape):
-        first, rows = _first_sets(p, items, max_size)
         dearest = -math.inf
-        for (sub, cost), ok in zip(first, _rows_fit(base, cpu0, mem0, frees, rows, shape).tolist(), strict=True):
+        for sub, cost in _first_sets(p, items, max_size):
             dearest = max(dearest, cost)
-            if ok:
+            if fits_one(*_without(base, cpu0, mem0, frees, sub), shape):
                 out.append((sub, dearest))
                 dearest = -math.inf
     got = p.memo[key] = tuple(out)
     return got
 
 
-def _first_sets(p: Problem, items: list[int],
-                max_size: int) -> tuple[list[tuple[tuple[int, ...], float]], np.ndarray]:
+def _first_sets(p: Problem, items: list[int], max_size: int) -> list[tuple[tuple[int, ...], float]]:
     """The first CHAIN_SUBSETS sets of at most `max_size` of `items` in order of cost (`cheapest_subsets` on
-    their scores), each with its cost summed as the chain sums it, and the same sets as 0/1 rows over `items`
-    (for `_rows_fit`); kept per problem (a node's movers are the same while its row changes)."""
+    their scores), each with its cost summed as the chain sums it; kept per problem (a node's movers are the
+    same while its row changes)."""
     key = ("first_sets", tuple(items), max_size)
     got = p.memo.get(key)
     if got is None:
         costs = [float(p.score[v]) for v in items]
-        first = [(sub, sum(costs[j] for j in sub))
-                 for sub in itertools.islice(cheapest_subsets(costs, max_size), CHAIN_SUBSETS)]
-        rows = np.zeros((len(first), len(items)), dtype=np.int64)
-        for r, (sub, _) in enumerate(first):
-            rows[r, list(sub)] = 1
-        got = p.memo[key] = (first, rows)
+        got = p.memo[key] = [(sub, sum(costs[j] for j in sub))
+                             for sub in itertools.islice(cheapest_subsets(costs, max_size), CHAIN_SUBSETS)]
     return got  # type: ignore[no-any-return]
 
 
