@@ -224,7 +224,8 @@ class Problem:
 
 class Work:
     """The planner's working state: the capacity model's working copy (core/capacity.py) plus the moves and
-    reservations made so far."""
+    reservations made so far. Change it only through `release`, `move` and `reserve`: they record the nodes
+    they touch in `dirty`, and the heuristic reads every other node from what it kept for the problem's state."""
 
     def __init__(self, p: Problem) -> None:
         self.p = p
