@@ -625,17 +625,13 @@ def _chain_sets(p: Problem, work: Work, c: int, items: list[int], max_size: int,
     in time spent a third of its decisions enumerating and testing these sets in Python). `clean`: c is as
     the problem's state has it (not in `Work.dirty`) and `items` are all its movers, so c, `max_size` and
     `shape` are the whole key (most nodes a chain looks at: building the full key was a tenth of a decision)."""
-    if clean:
-        key: tuple[object, ...] = ("chain_sets", c, max_size, shape)
-        got = p.memo.get(key)
-        if got is not None:
-            return got  # type: ignore[no-any-return]
-    row, cpu0, mem0 = work.free[c], int(work.cpu[c]), int(work.mem[c])
-    if not clean:
-        key = ("chain_sets", c, max_size, shape, tuple(items), row.tobytes(), cpu0, mem0)
-        got = p.memo.get(key)
-        if got is not None:
-            return got  # type: ignore[no-any-return]
+    row = work.free[c]
+    key = (("chain_sets", c, max_size, shape) if clean
+           else ("chain_sets", c, max_size, shape, tuple(items), row.tobytes(), int(work.cpu[c]), int(work.mem[c])))
+    got = p.memo.get(key)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    cpu0, mem0 = int(work.cpu[c]), int(work.mem[c])
     out: list[tuple[tuple[int, ...], float]] = []
     frees = _frees(p, items)
     base = row.tolist()
