@@ -227,10 +227,6 @@ def _built(spec: ReplaySpec) -> TimedWorkload:
 
 
 # ---------------------------------------------------------------------------------------------------------- arms
-# The trigger every arm acts on unless told otherwise: the product's default policy's pending trigger (the
-# replay's default gpudefrag arm is that policy; the eviction arms wait as long, for a fair comparison)
-
-
 @dataclass(frozen=True)
 class ArmRun:
     """One arm of one replay: the workload, the placement policy, the arm, and the controller's settings."""
