@@ -77,14 +77,14 @@ _REQUEST_FIELDS = operator.attrgetter("gpu_milli", "gpus_per_node", "cpu_milli",
 def _request_columns(reqs: list[Any]) -> tuple[np.ndarray, ...]:
     """Per request: gpu_milli, gpus_per_node, cpu_milli, memory_mib, node_count. Where most workloads share a
     Request object (a snapshot's 50,000 jobs share a few dozen shapes), each distinct one is read once and the
-    rows indexed by it; else each field is read of every request."""
+    rows indexed by it; else each field is read of every request. The distinct ones are found by sorting the
+    objects' ids (`np.unique`): a dict keyed by id took twice as long for 50,000 requests."""
     n = len(reqs)
-    distinct = dict(zip(map(id, reqs), reqs, strict=True))
-    if 4 * len(distinct) <= n:
-        at = dict(zip(distinct, range(len(distinct)), strict=False))
-        which = np.fromiter(map(at.__getitem__, map(id, reqs)), dtype=np.intp, count=n)
-        table = np.array(list(map(_REQUEST_FIELDS, distinct.values())), dtype=np.int64).reshape(-1, 5)
-        return tuple(np.ascontiguousarray(table[which, j]) for j in range(5))
+    ids = np.fromiter(map(id, reqs), dtype=np.intp, count=n)
+    _, first, which = np.unique(ids, return_index=True, return_inverse=True)
+    if 4 * len(first) <= n:
+        table = np.array([_REQUEST_FIELDS(reqs[i]) for i in first.tolist()], dtype=np.int64).reshape(-1, 5)
+        return tuple(np.ascontiguousarray(table[which.reshape(-1), j]) for j in range(5))
     return tuple(np.fromiter(map(get, reqs), dtype=np.int64, count=n)
                  for get in (_GPU_MILLI, _GPUS_PER_NODE, _CPU_MILLI, _MEMORY_MIB, _NODE_COUNT))
 
