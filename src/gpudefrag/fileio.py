@@ -247,13 +247,23 @@ def lost_a_key(raw: bytes, decoded: Any) -> bool:
 
 
 def _colons(data: bytes) -> int:
-    """How many ':' bytes `data` holds: NumPy's compare-and-count is about twice as fast as `bytes.count` on
-    the megabytes of a large snapshot (both passes of `lost_a_key` were a seventh of reading one)."""
+    """How many ':' bytes `data` holds: NumPy's compare-and-count is about four times as fast as `bytes.count`
+    on the megabytes of a large snapshot (both passes of `lost_a_key` were a seventh of reading one). It
+    compares a slice at a time into one reused mask: a mask the size of the file was a fresh mapping of 18 MB
+    whose page faults cost as much as the compare."""
     if len(data) < 65536:
         return data.count(b":")
-    return int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == _COLON))
+    a = np.frombuffer(data, dtype=np.uint8)
+    mask = np.empty(min(_CHUNK, len(a)), dtype=bool)
+    n = 0
+    for i in range(0, len(a), _CHUNK):
+        part = a[i:i + _CHUNK]
+        np.equal(part, _COLON, out=mask[:len(part)])
+        n += int(np.count_nonzero(mask[:len(part)]))
+    return n
 
 
+_CHUNK = 1 << 20
 _COLON = ord(":")
 
 
