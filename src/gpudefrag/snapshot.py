@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from msgspec import Raw
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import fileio, typed_json
@@ -155,7 +156,8 @@ class WorkloadIn(_Strict):
     submitted_at: Time | None = None
     started_at: Time | None = None
     expected_end_at: Time | None = None
-    versions: VersionsIn | None = None
+    # a few dozen distinct sets among 50,000 workloads: the fast path decodes each distinct spelling once
+    versions: Annotated[VersionsIn | None, typed_json.REPEATED] = None
     scheduler_reason: str = ""
     movable: bool = Field(True, description="false: no entry point ever moves it")
     movable_reason: ImmovableReason | None = Field(None, description="why it may not move")
@@ -220,6 +222,7 @@ _FAST_SNAPSHOT = typed_json.mirror(Snapshot)
 # to_state reads each object of the file as the tuple of its fields (typed_json.reader: the model's defaults in
 # place of what the file left out) and unpacks it by position, or hands it to the model's class of the same
 # field order: checked here, so that a reordered model fails at import, not as swapped values.
+_VERSIONS = typed_json.REPEATED.decoder(WorkloadIn, "versions")
 _READ = {m: typed_json.reader(m) for m in (Snapshot, NodeIn, TaintIn, TolerationIn, VersionsIn, PlacementIn,
                                            WorkloadIn, QuotaIn, NodeGroupIn)}
 _READ_ORDER = {
@@ -286,7 +289,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
             labels or {}, tuple(Taint(k, v, TaintEffect(e)) for k, v, e in map(read_taint, taints)) if taints else (),
             schedulable, _mig_devices(mig_devices) if mig_devices else {}, node_group, tuple(partitions),
             checkpointer_version, kernel))
-    by_name = {n.name: n for n in nodes}
+    by_name: dict[str, Node] = {}  # filled when a placement leaves its GPUs out (most snapshots name them all)
     # GPU indices: explicit ones first, then fill the unassigned placements (first free / best-fit share). The
     # explicit ones are counted only when some placement leaves its GPUs out (most snapshots name them all).
     used: dict[tuple[str, int], int] | None = None
@@ -297,7 +300,7 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
     # share a few dozen shapes and versions (one object built instead of each). The snapshot's own (frozen,
     # hashable) versions object is the key.
     shapes: dict[tuple[object, ...], Request] = {}
-    versions: dict[object, Versions] = {None: _NO_VERSIONS}
+    versions: dict[object, Versions] = {None: _NO_VERSIONS}  # by the file's bytes (fast path) or value (careful)
     read_workload, read_placement = _READ[WorkloadIn], _READ[PlacementIn]
     read_versions, read_toleration = _READ[VersionsIn], _READ[TolerationIn]
     absent = typed_json.ABSENT
@@ -313,12 +316,16 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
             where = list(map(read_placement, placement_docs))
             if used is None and any(g is None for _, g in where):
                 used = _explicit_gpus(workload_docs)
+                by_name = {n.name: n for n in nodes}
             placements = _placements(where, i, gpus_per_node, gpu_milli, by_name, used, source)
         else:
             placements = ()
+        if type(v) is Raw:  # the fast path leaves them as the file spells them (typed_json.REPEATED)
+            v = bytes(v)
         wv = versions.get(v)
         if wv is None:
-            wv = versions[v] = Versions(*read_versions(v))
+            given = _VERSIONS(v) if type(v) is bytes else v
+            wv = versions[v] = _NO_VERSIONS if given is None else Versions(*read_versions(given))
         milli = gpu_milli if gpus_per_node else MILLI
         plain = not (gpu_models or node_selector or tolerations)
         shape = (gpus_per_node, node_count, milli, cpu_milli, memory_mib, partition, mig)
@@ -445,7 +452,7 @@ def read_fast(raw: bytes, src: str) -> ClusterState | None:
         return None
     try:
         return to_state(fast, src)
-    except ValueError:  # an unknown MIG profile: the careful path's validator names it
+    except ValueError:  # an unknown MIG profile, a refused repeated field: the careful path names it
         return None
 
 

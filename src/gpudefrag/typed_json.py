@@ -14,6 +14,10 @@ it cannot mirror exactly is an error at import, never a looser check) and the re
 - a field the document leaves out is `ABSENT` in the mirror's value (so that the repeated-key count sees
   only the keys the file gave); `reader(model)` reads an object's fields with the model's defaults in its place.
 
+- a field marked `Annotated[T, REPEATED]` (a value most objects of a file share, such as a workload's versions)
+  is left undecoded in the mirror (`msgspec.Raw`, the bytes as the file spells them); the caller decodes and
+  checks each distinct spelling once (`REPEATED.decoder`) and shares what it made of it between its repeats.
+
 The mirror accepts exactly what the pydantic model accepts; the property tests compare the two on corrupted
 documents (tests/core/test_snapshot.py).
 """
@@ -99,12 +103,52 @@ def _mirror_type(tp: Any, metadata: list[Any], where: str) -> Any:
     return Annotated[mirrored, msgspec.Meta(**kw)] if kw else mirrored
 
 
+class Repeated:
+    """The marker of a field whose value repeats across the objects of a file (`Annotated[T, REPEATED]`).
+
+    50,000 workloads of a snapshot carry a few dozen distinct sets of versions: decoding each into a struct of
+    strings, then hashing it to find the shared one, was a sixth of reading the file. The mirror keeps such a
+    field as `msgspec.Raw` (a slice of the file, no objects made) and the caller decodes each distinct
+    spelling once, with `T`'s mirror, checking it like the rest of the document (repeated keys included, which the
+    whole document's count cannot see inside a raw slice). pydantic ignores the marker: the careful path
+    decodes the field as any other."""
+
+    def decoder(self, model: type[BaseModel], name: str) -> Callable[[bytes], Any]:
+        """A function from the bytes of a marked field's raw value to its decoded value (`T`'s mirror), which
+        raises `Refused` where the careful path must say what is wrong. Its caller keeps what it made of each
+        distinct spelling, keyed by those bytes."""
+        f = model.model_fields[name]
+        if not any(m is self for m in f.metadata):
+            raise TypeError(f"{model.__name__}.{name} is not marked REPEATED")
+        dec = msgspec.json.Decoder(_mirror_type(f.annotation, [m for m in f.metadata if m is not self],
+                                                f"{model.__name__}.{name}"))
+
+        def decode(raw: bytes) -> Any:
+            try:
+                value = dec.decode(raw)
+            except (msgspec.DecodeError, RecursionError):
+                raise Refused(f"{model.__name__}.{name}") from None
+            if fileio.lost_a_key(raw, value):
+                raise Refused(f"{model.__name__}.{name}")
+            return value
+
+        return decode
+
+
+REPEATED = Repeated()
+
+
+class Refused(ValueError):
+    """A part of the document that the mirror refuses (raised where the refusal is found late, by a repeated
+    field's decoder): the caller reads the document the careful way, which names the field."""
+
+
 @cache
 def mirror(model: type[BaseModel]) -> type[msgspec.Struct]:
     """The msgspec Struct with `model`'s fields (same names, types, bounds), unknown fields refused. A field the
     document leaves out is `ABSENT` (msgspec.UNSET), not its default: re-encoding the value then writes exactly
     the keys that survived decoding (the repeated-key count, `decode`), and `reader(model)` reads the fields
-    with the model's defaults in their place."""
+    with the model's defaults in their place. A field marked `REPEATED` is `msgspec.Raw` (see `Repeated`)."""
     cfg = model.model_config
     if cfg.get("extra") != "forbid" or not cfg.get("strict"):
         raise TypeError(f"{model.__name__}: only strict models that forbid extra fields are mirrored")
@@ -112,7 +156,10 @@ def mirror(model: type[BaseModel]) -> type[msgspec.Struct]:
     for name, f in model.model_fields.items():
         if f.alias not in (None, name) or f.validation_alias not in (None, name):
             raise TypeError(f"{model.__name__}.{name}: aliases are not mirrored")
-        tp = _mirror_type(f.annotation, list(f.metadata), f"{model.__name__}.{name}")
+        if any(m is REPEATED for m in f.metadata):
+            tp: Any = msgspec.Raw
+        else:
+            tp = _mirror_type(f.annotation, list(f.metadata), f"{model.__name__}.{name}")
         fields.append((name, tp) if f.is_required() else (name, tp | msgspec.UnsetType, ABSENT))
     # gc=False: the cyclic collector need not track them (decoded JSON holds no cycles), so the 100,000s of a
     # large snapshot cost less to make and to free

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudefrag.cli.main import run
+from gpudefrag.core.model import Versions
 from gpudefrag.demo import demo_document, demo_state
 from gpudefrag.errors import InputError
 from gpudefrag.snapshot import (
@@ -258,6 +259,9 @@ def test_the_fast_reader_accepts_exactly_what_the_careful_one_does(data):
     ('{"nodes": [{"name": "n", "gpus": 1}], "now": 1, "now": 2}', "now"),
     ('{"nodes": [{"name": "n", "gpus": 1, "gpus": 2}]}', "nodes[0].gpus"),
     ('{"nodes": [{"name": "n", "gpus": 1, "labels": {"a": "x", "a": "y"}}]}', "nodes[0].labels.a"),
+    # inside a field the mirror keeps raw (typed_json.REPEATED): the whole document's count cannot see it
+    ('{"nodes": [{"name": "n", "gpus": 1}], "workloads": [{"id": "a", "gpus_per_node": 1, "placements": '
+     '[{"node": "n", "gpus": [0]}], "versions": {"cuda": "12.4", "cuda": "12.6"}}]}', "workloads[0].versions.cuda"),
 ])
 def test_a_repeated_key_is_refused_by_both_readers(text: str, where: str):
     raw = text.encode()
@@ -280,6 +284,47 @@ def test_a_repeated_key_in_a_large_document_is_refused_on_the_fast_path():
     with pytest.raises(InputError, match="duplicate key") as e:
         read_careful(bad, "snap.json")
     assert e.value.where == "nodes[1500].gpus"
+
+
+def _versions_doc(spellings: list[str]) -> bytes:
+    nodes = '{"name": "n", "gpus": 8}'
+    ws = ", ".join(f'{{"id": "w{i}", "gpus_per_node": 1, "placements": [{{"node": "n", "gpus": [{i}]}}]'
+                   + ("" if v == "absent" else f', "versions": {v}') + "}" for i, v in enumerate(spellings))
+    return f'{{"nodes": [{nodes}], "workloads": [{ws}]}}'.encode()
+
+
+def test_versions_are_decoded_once_per_spelling_and_read_as_the_careful_path_reads_them():
+    """The fast path keeps a workload's versions as the file spells them and decodes each distinct spelling
+    once (typed_json.REPEATED): repeats share one Versions; other spellings of the same values (spaces, key
+    order, a null field, null, left out) read as the careful path reads them."""
+    same = '{"gpu_model": "H100", "cuda": "12.4"}'
+    raw = _versions_doc([same, same, '{"cuda":"12.4","gpu_model":"H100"}', '{"gpu_model": "H100", "cuda": "12.4", '
+                         '"engine": null}', "null", "absent", "{}", same])
+    fast = read_fast(raw, "snap.json")
+    assert fast is not None
+    assert state_to_dict(fast) == state_to_dict(read_careful(raw, "snap.json"))
+    ws = fast.workloads
+    assert ws[0].versions is ws[1].versions is ws[7].versions
+    assert ws[0].versions == ws[2].versions == ws[3].versions
+    assert ws[0].versions.gpu_model == "H100" and ws[0].versions.cuda == "12.4"
+    assert ws[4].versions == ws[5].versions == ws[6].versions == Versions()
+
+
+@pytest.mark.parametrize(("bad", "where", "msg"), [
+    ('{"gpu_count": -1}', "workloads[2].versions.gpu_count", "greater than or equal to 0"),
+    ('{"gpu_count": "8"}', "workloads[2].versions.gpu_count", "valid integer"),
+    ('{"cudaa": "12.4"}', "workloads[2].versions.cudaa", "unknown field"),
+    ('[]', "workloads[2].versions", "should be an object"),
+])
+def test_a_bad_versions_value_after_good_repeats_is_named(bad: str, where: str, msg: str):
+    """A distinct spelling is checked when it is first met, however many good repeats came before it: the fast
+    path refuses the document and the careful one names the field."""
+    good = '{"gpu_count": 8}'
+    raw = _versions_doc([good, good, bad, good])
+    assert read_fast(raw, "snap.json") is None
+    with pytest.raises(InputError, match=msg) as e:
+        read_careful(raw, "snap.json")
+    assert e.value.where == where
 
 
 def test_an_escaped_colon_is_read_like_a_plain_one():
