@@ -393,3 +393,20 @@ def test_pods_of_a_shape_already_asked_ride_along_and_use_no_try():
     assert 260 <= two.start[8] < 400 and two.start[6] >= 10_000 and two.start[7] >= 10_000
     one = _with_budgets(spec, jobs, cl, Budgets(max_tries_per_cycle=1))
     assert one.start[8] >= 10_000
+
+
+@pytest.mark.parametrize(("tries", "plans"), [(4, 1), (2, 6), (1, 1)])
+def test_the_replay_counts_a_cycle_by_the_policys_budgets(tries: int, plans: int):
+    """The replay's decision point reads its tries, plans and jobs per cycle from the policy's `Budgets`, where
+    the controller reads them: a replay cannot count a cycle differently from the product it stands for."""
+    from gpudefrag.policy.models import Budgets
+
+    budgets = Budgets(max_tries_per_cycle=tries, max_plans_per_cycle=plans)
+    cl = Cluster.build(["a"], [2], ["G2"], [64_000], [0])
+    decider = Decider(cl, Placed.for_cluster(cl), _options(DynamicConfig()), 60.0, budgets=budgets)
+    assert (decider.max_tries, decider.max_plans, decider.max_jobs) == (
+        budgets.tries_per_cycle, budgets.max_plans_per_cycle, budgets.jobs_per_cycle)
+    assert decider.max_tries == max(tries, plans) and decider.max_jobs == 8 * max(tries, plans)
+    default = Decider(cl, Placed.for_cluster(cl), _options(DynamicConfig()), 60.0)
+    assert (default.max_tries, default.max_plans, default.max_jobs) == (
+        Budgets().tries_per_cycle, Budgets().max_plans_per_cycle, Budgets().jobs_per_cycle)

@@ -47,7 +47,7 @@ from ..core.model import MILLI, ClusterState, Placement, WorkloadState, workload
 from ..core.model import Workload as PlannedWorkload
 from ..core.placement import Choice, Cluster, Pod, get_policy
 from ..core.planner import PlanOptions
-from ..policy.models import Filter, PendingTrigger, Policy
+from ..policy.models import Budgets, Filter, PendingTrigger, Policy
 from ..policy.options import PlanInputs, plan_options
 from .costs import as_workload, checkpoint_bytes, record_move, request_of
 from .defrag import ArrayDefragmenter
@@ -238,8 +238,7 @@ def simulate(wl: Workload, cfg: DynamicConfig, cluster: Cluster | None = None,
         decider = Decider(cl, placed, migrate_options(cfg, sim.cost), cfg.check_every_s,
                           heartbeat.every_s if heartbeat is not None else None,
                           plan_anyway=cfg.product is not None and cfg.product.trigger.plan_anyway,
-                          max_tries=budgets.tries_per_cycle, max_plans=budgets.max_plans_per_cycle,
-                          max_jobs=budgets.jobs_per_cycle)
+                          budgets=budgets)
     elif cfg.defrag not in ("none", "evict", "migrate", "deschedule"):
         raise ValueError(f"unknown defrag action {cfg.defrag!r} (none | migrate | evict | deschedule)")
     for j in wl.jobs:
@@ -501,12 +500,12 @@ class Decider:
     the arrays with the capacity model's own `place`/`remove` (one statement: all or nothing)."""
 
     def __init__(self, cl: Cluster, placed: Placed, options: PlanOptions, recheck_s: float = 60.0,
-                 heartbeat_s: float | None = None, plan_anyway: bool = False, max_tries: int = 4,
-                 max_plans: int = 1, max_jobs: int = 32) -> None:
+                 heartbeat_s: float | None = None, plan_anyway: bool = False, budgets: Budgets | None = None) -> None:
         self.cl, self.placed, self.options, self.recheck_s = cl, placed, options, recheck_s
-        # the policy's budgets, per decision point (`Budgets.tries_per_cycle`, `max_plans_per_cycle`,
-        # `jobs_per_cycle`)
-        self.max_tries, self.max_plans, self.max_jobs = max_tries, max_plans, max_jobs
+        # the policy's budgets, per decision point, read where the controller reads them (the policy's own
+        # `Budgets` properties), so that the replay and the controller cannot count a cycle differently
+        b = budgets if budgets is not None else Budgets()
+        self.max_tries, self.max_plans, self.max_jobs = b.tries_per_cycle, b.max_plans_per_cycle, b.jobs_per_cycle
         self.plan_anyway = plan_anyway  # the policy's trigger.plan_anyway: plan although an ordinary cause blocks
         self.heartbeat_s = heartbeat_s  # the policy's heartbeat checkpoints: every so many seconds of a job's run
         self.node_index = {n: i for i, n in enumerate(cl.names)}
