@@ -127,9 +127,9 @@ class Controller:
         busy |= {m.workload_id for p in self.plans.values() for m in p.remaining()}
         planned_for = self._in_flight_for()
         started = 0  # plans started (or, dry run, that would be): the targets after the budget's are left
-        # requests that found no feasible plan this cycle: a later target asking the same gets the same answer
-        # (feasibility is a function of the state and the request, not of which job asks), so it is not planned
-        # again; many pending jobs of one shape would otherwise spend the cycle's tries on one question
+        # the asks (`Target.ask`) that found no feasible plan this cycle: a later target asking the same gets the
+        # same answer, so it is not planned again; many pending jobs of one shape would otherwise spend the
+        # cycle's tries on one question
         no_plan: list[tuple[Request, bool]] = []
         for t in targets:
             if started >= self.policy.budgets.max_plans_per_cycle:
@@ -144,7 +144,7 @@ class Controller:
                                           "scheduler has the freed node to place it; no new plan before "
                                           f"{SETTLE_S:g} s", {"workload": t.workload_id}))
                 continue
-            if (t.request, t.plan_anyway) in no_plan:
+            if t.ask in no_plan:
                 decisions.append(CycleEvent("skip", f"{t.why}: no plan this cycle for the same request "
                                           f"({t.request.label()})", {"workload": t.workload_id}))
                 continue
@@ -155,7 +155,7 @@ class Controller:
             plan = choice.plan
             plans.append(plan)
             if not plan.feasible:
-                no_plan.append((t.request, t.plan_anyway))
+                no_plan.append(t.ask)
                 decisions.append(CycleEvent("plan", f"no plan for {t.why}: {plan.reason}",
                                           {"workload": t.workload_id, "feasible": False}))
                 continue

@@ -84,6 +84,13 @@ class Target:
     workload_id: str | None = None
     plan_anyway: bool = False  # plan although an ordinary cause blocks the job (asked in so many words)
 
+    @property
+    def ask(self) -> tuple[Request, bool]:
+        """What the decision is asked for this target: targets with one `ask` get one answer (feasibility is a
+        function of the state and the request, not of which job asks). The pending trigger counts its distinct
+        requests by it and the controller skips a target whose ask found no plan earlier in the cycle."""
+        return self.request, self.plan_anyway
+
 
 @dataclass
 class TriggerContext:
@@ -194,17 +201,16 @@ def pending_fragmented(ctx: TriggerContext, _found: list[Target]) -> list[Target
         if age >= pt.longer_than_s:
             waited[w.id] = age
     out: list[Target] = []
-    asks: list[tuple[Request, bool]] = []  # the distinct (request, plan anyway) among `out`
+    asks: list[tuple[Request, bool]] = []  # the distinct `Target.ask` among `out`
 
     def take(t: Target) -> None:
         """Hand `t` on, if its request is a new one and fewer than `limit` were, or one already handed on."""
-        key = (t.request, t.plan_anyway)
         if len(out) >= ctx.max_jobs:
             return
-        if key not in asks:
+        if t.ask not in asks:
             if len(asks) >= limit:
                 return
-            asks.append(key)
+            asks.append(t.ask)
         out.append(t)
         ctx.note("trigger", t.why, workload=t.workload_id)
 
