@@ -306,7 +306,8 @@ def _bounds_on(p: Problem, b: _BoundBase, part: Part, nodes: np.ndarray, free: n
         starts, ends = b.starts, b.ends
     else:
         ws = [int(v) for c in nodes.tolist() for v in p.on_node(c).tolist() if int(v) not in moved]
-        min_ratio, min_item, capacity, shared = _node_stats(p, b, np.array(ws, dtype=np.int64), nodes)
+        min_ratio, min_item, capacity, shared = _node_stats(p, b.ratio, b.item, b.holds, b.frac,
+                                                            np.array(ws, dtype=np.int64), nodes)
         seg = np.concatenate([np.arange(b.starts[c], b.ends[c]) for c in nodes.tolist()] or [np.zeros(0, int)])
         lens = b.ends[nodes] - b.starts[nodes]
         ends = np.cumsum(lens)
@@ -325,7 +326,7 @@ def _bounds_on(p: Problem, b: _BoundBase, part: Part, nodes: np.ndarray, free: n
     return np.where(cap_ok, lb, np.inf)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _BoundBase:
     """What `lower_bounds` reads of the workloads alone, for one problem and score vector: per workload its price
     per GPU freed (`ratio`), its score (`item`, inf for a multi-node one), the GPUs it holds whole (`holds`),
@@ -363,19 +364,19 @@ def _bound_base(p: Problem, scores: np.ndarray) -> _BoundBase:
     holds = np.where(single & (p.milli >= MILLI), p.gpus, 0)
     frac = single & (p.milli < MILLI) & (p.gpu0 >= 0)
     s_src = p.src[by_price]
-    base = _BoundBase(ratio, item, holds, frac, *([np.zeros(0)] * 4), by_price, s_src, units[by_price],
-                      units[by_price] * ratio[by_price], ratio[by_price], np.searchsorted(s_src, np.arange(n)),
-                      np.searchsorted(s_src, np.arange(n), side="right"))
-    base.min_ratio, base.min_item, base.capacity, base.shared = _node_stats(p, base, np.flatnonzero(single),
-                                                                            np.arange(n))
+    base = _BoundBase(ratio, item, holds, frac,
+                      *_node_stats(p, ratio, item, holds, frac, np.flatnonzero(single), np.arange(n)),
+                      by_price, s_src, units[by_price], units[by_price] * ratio[by_price], ratio[by_price],
+                      np.searchsorted(s_src, np.arange(n)), np.searchsorted(s_src, np.arange(n), side="right"))
     p.memo[key] = (scores, base)
     return base
 
 
-def _node_stats(p: Problem, b: _BoundBase, ws: np.ndarray,
-                nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _node_stats(p: Problem, ratio: np.ndarray, item: np.ndarray, holds: np.ndarray, frac: np.ndarray,
+                ws: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per node of `nodes`, over the single-node workloads `ws` (all of them on those nodes): the cheapest price
-    per GPU freed and move, the GPUs held whole, and which GPUs a shared workload could vacate."""
+    per GPU freed and move, the GPUs held whole, and which GPUs a shared workload could vacate (from the per
+    workload `ratio`, `item`, `holds` and `frac` of `_BoundBase`)."""
     local = np.full(len(p.state.nodes), -1, dtype=np.int64) if len(nodes) < len(p.state.nodes) else None
     if local is not None:
         local[nodes] = np.arange(len(nodes))
@@ -384,13 +385,13 @@ def _node_stats(p: Problem, b: _BoundBase, ws: np.ndarray,
         at = p.src[ws]
     m = len(nodes)
     min_ratio = np.full(m, np.inf)
-    np.minimum.at(min_ratio, at, b.ratio[ws])
+    np.minimum.at(min_ratio, at, ratio[ws])
     min_item = np.full(m, np.inf)
-    np.minimum.at(min_item, at, b.item[ws])
+    np.minimum.at(min_item, at, item[ws])
     capacity = np.zeros(m, dtype=np.int64)
-    np.add.at(capacity, at, b.holds[ws])
+    np.add.at(capacity, at, holds[ws])
     shared = np.zeros((m, p.state.free_milli.shape[1]), dtype=bool)
-    fr = b.frac[ws]
+    fr = frac[ws]
     shared[at[fr], p.gpu0[ws][fr]] = True
     return min_ratio, min_item, capacity, shared
 
