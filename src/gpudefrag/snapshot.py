@@ -156,7 +156,7 @@ class WorkloadIn(_Strict):
     submitted_at: Time | None = None
     started_at: Time | None = None
     expected_end_at: Time | None = None
-    # a few dozen distinct sets among 50,000 workloads: the fast path decodes each distinct spelling once
+    # a few distinct sets among thousands of workloads: the fast path decodes each distinct spelling once
     versions: Annotated[VersionsIn | None, typed_json.REPEATED] = None
     scheduler_reason: str = ""
     movable: bool = Field(True, description="false: no entry point ever moves it")
@@ -297,10 +297,11 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
     states = {s.value: s for s in WorkloadState}
     # Requests and versions are frozen values: the workloads of one plain shape (no model list, selector or
     # toleration) share one Request, and those of one set of versions one Versions, as 50,000 jobs of a snapshot
-    # share a few dozen shapes and versions (one object built instead of each). The snapshot's own (frozen,
-    # hashable) versions object is the key.
+    # share a few dozen shapes and versions (one object built instead of each). The versions are keyed by the
+    # file's bytes on the fast path (typed_json.REPEATED: each distinct spelling decoded once), by pydantic's
+    # frozen, hashable object on the careful one.
     shapes: dict[tuple[object, ...], Request] = {}
-    versions: dict[object, Versions] = {None: _NO_VERSIONS}  # by the file's bytes (fast path) or value (careful)
+    versions: dict[object, Versions] = {None: _NO_VERSIONS}
     read_workload, read_placement = _READ[WorkloadIn], _READ[PlacementIn]
     read_versions, read_toleration = _READ[VersionsIn], _READ[TolerationIn]
     absent = typed_json.ABSENT

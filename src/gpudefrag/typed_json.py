@@ -106,12 +106,12 @@ def _mirror_type(tp: Any, metadata: list[Any], where: str) -> Any:
 class Repeated:
     """The marker of a field whose value repeats across the objects of a file (`Annotated[T, REPEATED]`).
 
-    50,000 workloads of a snapshot carry a few dozen distinct sets of versions: decoding each into a struct of
-    strings, then hashing it to find the shared one, was a sixth of reading the file. The mirror keeps such a
-    field as `msgspec.Raw` (a slice of the file, no objects made) and the caller decodes each distinct
-    spelling once, with `T`'s mirror, checking it like the rest of the document (repeated keys included, which the
-    whole document's count cannot see inside a raw slice). pydantic ignores the marker: the careful path
-    decodes the field as any other."""
+    The 50,000 workloads of the benchmark's 10,000-node snapshot carry four distinct sets of versions (a
+    cluster has a few dozen at most): decoding each workload's into a struct of strings took 11 ms of the file's
+    0.26 s, and the objects were freed unused. The mirror keeps such a field as `msgspec.Raw` (a slice of the
+    file, no objects made) and the caller decodes each distinct spelling once, with `T`'s mirror, checking it
+    like the rest of the document (repeated keys included, which the whole document's count cannot see inside
+    a raw slice). pydantic ignores the marker: the careful path decodes the field as any other."""
 
     def decoder(self, model: type[BaseModel], name: str) -> Callable[[bytes], Any]:
         """A function from the bytes of a marked field's raw value to its decoded value (`T`'s mirror), which
