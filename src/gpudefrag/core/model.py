@@ -491,11 +491,15 @@ class ClusterState:
         """`running_mask` of the workloads, kept: a state built from this one maps its workloads through it."""
         return running_mask(self.workloads)
 
+    def _not_running(self, state: WorkloadState) -> list[Workload]:
+        """The workloads in `state` (not RUNNING), found among those `_is_running` leaves out (a few hundred of
+        50,000): a second pass over every workload's state was a tenth of diagnosing a large snapshot."""
+        return [w for w in compress(self.workloads, (~self._is_running).tolist()) if w.state is state]
+
     @cached_property
     def pending(self) -> tuple[Workload, ...]:
         """Pending workloads, oldest first (submission time, then id)."""
-        ws = self.workloads
-        p = list(compress(ws, map(operator.is_, map(_STATE_OF, ws), repeat(WorkloadState.PENDING))))
+        p = self._not_running(WorkloadState.PENDING)
         p.sort(key=lambda w: (w.submitted_at if w.submitted_at is not None else float("inf"), w.id))
         return tuple(p)
 
@@ -742,8 +746,11 @@ class ClusterState:
                 return False
             if r.gpu_milli < MILLI and r.gpus_per_node > 1:
                 return False
-        if any(map(_PLACEMENTS_OF, compress(own, map(operator.is_, map(_STATE_OF, own),
-                                                     repeat(WorkloadState.PENDING))))):
+        if fresh is None:
+            pending = self._not_running(WorkloadState.PENDING)
+        else:
+            pending = list(compress(own, map(operator.is_, map(_STATE_OF, own), repeat(WorkloadState.PENDING))))
+        if any(map(_PLACEMENTS_OF, pending)):
             return False  # a pending workload with placements
         placed = self._columns
         if placed is None:
