@@ -141,9 +141,12 @@ class WorkloadIn(_Strict):
     gpu_milli: Annotated[int, Field(ge=0, le=MILLI)] = MILLI
     cpu_milli: Amount = 0
     memory_mib: Amount = 0
-    gpu_models: list[str] = Field(default_factory=list)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[TolerationIn] = Field(default_factory=list)
+    # what a request asks beyond its numbers: the workloads of one deployment or partition spell it alike (every
+    # pod carries the two default tolerations), so the fast path decodes each distinct spelling once and shares
+    # one Request per shape and spelling
+    gpu_models: Annotated[list[str], typed_json.REPEATED] = Field(default_factory=list)
+    node_selector: Annotated[dict[str, str], typed_json.REPEATED] = Field(default_factory=dict)
+    tolerations: Annotated[list[TolerationIn], typed_json.REPEATED] = Field(default_factory=list)
     partition: str | None = None
     mig_profile: str | None = None
     namespace: str = "default"
@@ -222,7 +225,8 @@ _FAST_SNAPSHOT = typed_json.mirror(Snapshot)
 # to_state reads each object of the file as the tuple of its fields (typed_json.reader: the model's defaults in
 # place of what the file left out) and unpacks it by position, or hands it to the model's class of the same
 # field order: checked here, so that a reordered model fails at import, not as swapped values.
-_VERSIONS = typed_json.REPEATED.decoder(WorkloadIn, "versions")
+_VERSIONS, _GPU_MODELS, _NODE_SELECTOR, _TOLERATIONS = (
+    typed_json.REPEATED.decoder(WorkloadIn, f) for f in ("versions", "gpu_models", "node_selector", "tolerations"))
 _READ = {m: typed_json.reader(m) for m in (Snapshot, NodeIn, TaintIn, TolerationIn, VersionsIn, PlacementIn,
                                            WorkloadIn, QuotaIn, NodeGroupIn)}
 _READ_ORDER = {
@@ -295,15 +299,17 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
     used: dict[tuple[str, int], int] | None = None
     workloads: list[Workload] = []
     states = {s.value: s for s in WorkloadState}
-    # Requests and versions are frozen values: the workloads of one plain shape (no model list, selector or
-    # toleration) share one Request, and those of one set of versions one Versions, as 50,000 jobs of a snapshot
-    # share a few dozen shapes and versions (one object built instead of each). The versions are keyed by the
-    # file's bytes on the fast path (typed_json.REPEATED: each distinct spelling decoded once), by pydantic's
-    # frozen, hashable object on the careful one.
+    # Requests and versions are frozen values: the workloads of one shape share one Request, and those of one set
+    # of versions one Versions, as 50,000 jobs of a snapshot share a few dozen shapes and versions (one object
+    # built instead of each). A shape is the request's numbers, partition and MIG profile, and on the fast path
+    # the bytes the file spells its model list, node selector and tolerations with (typed_json.REPEATED: each
+    # distinct spelling decoded once); on the careful path only plain shapes (none of those three) are shared.
+    # The versions are keyed by the file's bytes on the fast path, by pydantic's frozen, hashable object on the
+    # careful one.
     shapes: dict[tuple[object, ...], Request] = {}
     versions: dict[object, Versions] = {None: _NO_VERSIONS}
     read_workload, read_placement = _READ[WorkloadIn], _READ[PlacementIn]
-    read_versions, read_toleration = _READ[VersionsIn], _READ[TolerationIn]
+    read_versions = _READ[VersionsIn]
     absent = typed_json.ABSENT
     for i, w in enumerate(workload_docs):
         (wid, wname, state, gpus_per_node, node_count, gpu_milli, cpu_milli, memory_mib, gpu_models, node_selector,
@@ -328,16 +334,24 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
             given = _VERSIONS(v) if type(v) is bytes else v
             wv = versions[v] = _NO_VERSIONS if given is None else Versions(*read_versions(given))
         milli = gpu_milli if gpus_per_node else MILLI
-        plain = not (gpu_models or node_selector or tolerations)
-        shape = (gpus_per_node, node_count, milli, cpu_milli, memory_mib, partition, mig)
-        request = shapes.get(shape) if plain else None
+        key: tuple[object, ...] | None = (gpus_per_node, node_count, milli, cpu_milli, memory_mib, partition, mig)
+        if not (gpu_models or node_selector or tolerations):
+            pass  # a plain shape
+        elif type(gpu_models) is Raw or type(node_selector) is Raw or type(tolerations) is Raw:
+            # the fast path: each given as the file spells it (typed_json.REPEATED), absent as the empty default
+            gpu_models = bytes(gpu_models) if type(gpu_models) is Raw else None
+            node_selector = bytes(node_selector) if type(node_selector) is Raw else None
+            tolerations = bytes(tolerations) if type(tolerations) is Raw else None
+            key = (gpus_per_node, node_count, milli, cpu_milli, memory_mib, partition, mig, gpu_models,
+                   node_selector, tolerations)
+        else:
+            key = None  # the careful path: built for each workload
+        request = shapes.get(key) if key is not None else None
         if request is None:
-            request = Request(
-                gpus_per_node, node_count, milli, cpu_milli, memory_mib, tuple(gpu_models), dict(node_selector),
-                tuple(Toleration(*read_toleration(t)) for t in tolerations) if tolerations else (), partition,
-                None if mig is None else mig_profile(mig))
-            if plain:
-                shapes[shape] = request
+            request = _request(gpus_per_node, node_count, milli, cpu_milli, memory_mib, gpu_models, node_selector,
+                               tolerations, partition, mig)
+            if key is not None:
+                shapes[key] = request
         workloads.append(Workload(
             wid, request, states[state], wname, namespace, user, priority, labels or {}, placements, checkpoint_bytes,
             last_checkpoint_at, submitted_at, started_at, expected_end_at, wv, scheduler_reason, movable,
@@ -354,6 +368,24 @@ def to_state(snap: Snapshot, source: str = "<snapshot>") -> ClusterState:
         )
     except ModelError as e:
         raise InputError(source, e.path, e.message) from None
+
+
+def _request(gpus_per_node: int, node_count: int, milli: int, cpu_milli: int, memory_mib: int, gpu_models: Any,
+             node_selector: Any, tolerations: Any, partition: str | None, mig: str | None) -> Request:
+    """A workload's Request. `gpu_models`, `node_selector` and `tolerations` are the snapshot model's values
+    (the careful path, or the empty defaults), or the bytes the file spells them with (the fast path:
+    typed_json.REPEATED, decoded here), None where the file leaves one out."""
+    if type(gpu_models) is bytes:
+        gpu_models = _GPU_MODELS(gpu_models)
+    if type(node_selector) is bytes:
+        node_selector = _NODE_SELECTOR(node_selector)
+    if type(tolerations) is bytes:
+        tolerations = _TOLERATIONS(tolerations)
+    read_toleration = _READ[TolerationIn]
+    return Request(gpus_per_node, node_count, milli, cpu_milli, memory_mib, tuple(gpu_models or ()),
+                   dict(node_selector or {}),
+                   tuple(Toleration(*read_toleration(t)) for t in tolerations) if tolerations else (), partition,
+                   None if mig is None else mig_profile(mig))
 
 
 def _placements(where: list[tuple[str, list[int] | None]], i: int, k: int, milli: int, by_name: dict[str, Node],

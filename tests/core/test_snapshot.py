@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudefrag.cli.main import run
-from gpudefrag.core.model import Versions
+from gpudefrag.core.model import Request, Versions
 from gpudefrag.demo import demo_document, demo_state
 from gpudefrag.errors import InputError
 from gpudefrag.snapshot import (
@@ -240,6 +240,12 @@ def test_the_fast_reader_accepts_exactly_what_the_careful_one_does(data):
     doc = demo_document()
     doc["nodes"][0]["mig_devices"] = {"nvidia.com/mig-1g.10gb": 2, "1g.10gb": 1}
     doc["workloads"][2]["mig_profile"] = "mig-1g.10gb"
+    # the fields the fast path keeps as the file spells them (typed_json.REPEATED), one spelling on two workloads
+    for i in (0, 4):
+        doc["workloads"][i]["tolerations"] = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                                               "effect": "NoExecute"}]
+        doc["workloads"][i]["node_selector"] = {"zone": "a"}
+    doc["workloads"][1]["gpu_models"] = ["H100", "A100"]
     paths = [p for p in _paths(doc) if p]
     path = data.draw(st.sampled_from(paths))
     value = data.draw(JSON_VALUES | EDGE_VALUES)
@@ -321,6 +327,53 @@ def test_a_bad_versions_value_after_good_repeats_is_named(bad: str, where: str, 
     path refuses the document and the careful one names the field."""
     good = '{"gpu_count": 8}'
     raw = _versions_doc([good, good, bad, good])
+    assert read_fast(raw, "snap.json") is None
+    with pytest.raises(InputError, match=msg) as e:
+        read_careful(raw, "snap.json")
+    assert e.value.where == where
+
+
+def _requests_doc(parts: list[str]) -> bytes:
+    nodes = '{"name": "n", "gpus": 16, "gpu_model": "H100"}'
+    ws = ", ".join(f'{{"id": "w{i}", "gpus_per_node": 1, "placements": [{{"node": "n", "gpus": [{i}]}}]'
+                   + (f", {p}" if p else "") + "}" for i, p in enumerate(parts))
+    return f'{{"nodes": [{nodes}], "workloads": [{ws}]}}'.encode()
+
+
+_TOL = '"tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}]'
+
+
+def test_requests_are_shared_per_shape_and_spelling_and_read_as_the_careful_path_reads_them():
+    """The fast path keeps a workload's model list, node selector and tolerations as the file spells them and
+    shares one Request per shape and spelling (typed_json.REPEATED); the careful path builds each. Both read
+    the same cluster, whatever the spelling (spaces, key order, an empty list, left out)."""
+    sel = '"node_selector": {"zone": "a", "rack": "r1"}'
+    raw = _requests_doc([
+        f"{_TOL}, {sel}", f"{_TOL}, {sel}", f"{sel}, {_TOL}", '"node_selector": {"rack": "r1", "zone": "a"}',
+        '"gpu_models": ["H100"]', '"gpu_models": ["H100"]', '"tolerations": []', "", _TOL.replace(": ", ":"),
+        f'{_TOL}, {sel}, "gpu_milli": 500'])
+    fast = read_fast(raw, "snap.json")
+    assert fast is not None
+    assert state_to_dict(fast) == state_to_dict(read_careful(raw, "snap.json"))
+    r = [w.request for w in fast.workloads]
+    assert r[0] is r[1] is r[2]  # one shape, one spelling (the fields' order in the workload does not matter)
+    assert r[4] is r[5] and r[6] == r[7] and r[8] == Request(1, tolerations=r[0].tolerations)
+    assert r[3].node_selector == {"zone": "a", "rack": "r1"} == r[0].node_selector and r[3].tolerations == ()
+    assert r[9] is not r[0] and r[9].gpu_milli == 500 and r[9].tolerations == r[0].tolerations
+    assert r[0].tolerations[0].key == "node.kubernetes.io/not-ready" and r[4].gpu_models == ("H100",)
+
+
+@pytest.mark.parametrize(("bad", "where", "msg"), [
+    ('"tolerations": [{"key": "k", "effect": "Sometimes"}]', "workloads[2].tolerations[0].effect", "NoSchedule"),
+    ('"node_selector": {"zone": 1}', "workloads[2].node_selector.zone", "valid string"),
+    ('"node_selector": {"zone": "a", "zone": "b"}', "workloads[2].node_selector.zone", "duplicate key"),
+    ('"gpu_models": "H100"', "workloads[2].gpu_models", "valid array"),
+    ('"tolerations": [{"keys": "k"}]', "workloads[2].tolerations[0].keys", "unknown field"),
+])
+def test_a_bad_request_part_after_good_repeats_is_named(bad: str, where: str, msg: str):
+    """A distinct spelling of a request's model list, selector or tolerations is checked when first met,
+    however many good repeats came before it: the fast path refuses the document, the careful one names it."""
+    raw = _requests_doc([_TOL, _TOL, bad, _TOL])
     assert read_fast(raw, "snap.json") is None
     with pytest.raises(InputError, match=msg) as e:
         read_careful(raw, "snap.json")
