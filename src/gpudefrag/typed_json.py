@@ -122,17 +122,7 @@ class Repeated:
             raise TypeError(f"{model.__name__}.{name} is not marked REPEATED")
         dec = msgspec.json.Decoder(_mirror_type(f.annotation, [m for m in f.metadata if m is not self],
                                                 f"{model.__name__}.{name}"))
-
-        def decode(raw: bytes) -> Any:
-            try:
-                value = dec.decode(raw)
-            except (msgspec.DecodeError, RecursionError):
-                raise Refused(f"{model.__name__}.{name}") from None
-            if fileio.lost_a_key(raw, value):
-                raise Refused(f"{model.__name__}.{name}")
-            return value
-
-        return decode
+        return lambda raw: _checked(dec, raw)
 
 
 REPEATED = Repeated()
@@ -204,7 +194,19 @@ def decode(raw: bytes, struct: type[msgspec.Struct]) -> Any | None:
     count it compares holds. Integers need no digit check here: every integer field of a mirrored model is
     bounded."""
     try:
-        value = _decoder(struct).decode(raw)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError (a type, a bound) is a DecodeError
+        return _checked(_decoder(struct), raw)
+    except Refused:
         return None
-    return None if fileio.lost_a_key(raw, value) else value
+
+
+def _checked(dec: msgspec.json.Decoder[Any], raw: bytes) -> Any:
+    """`dec`'s value of `raw`, or `Refused` where msgspec refuses the bytes or a repeated key may have been
+    dropped: the one fast decode of a whole document (`decode`) and of a repeated field's spelling
+    (`Repeated.decoder`). A value may be None (a field spelled `null`), hence an exception, not a None."""
+    try:
+        value = dec.decode(raw)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError (a type, a bound) is a DecodeError
+        raise Refused("msgspec refuses the bytes") from None
+    if fileio.lost_a_key(raw, value):
+        raise Refused("a key may be repeated")
+    return value
